@@ -1,0 +1,72 @@
+"""Bodies of the offline subcommands (`import`, `export`), each opening the store itself."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from relay.config import Config
+from relay.protocol.envelopes import loads
+from relay.protocol.event import EventLimits
+from relay.protocol.filters import parse_filter
+from relay.protocol.rejection import Rejection
+from relay.store.store import Store, StoreOptions
+from relay.transfer import import_lines
+
+
+def _options(config: Config) -> StoreOptions:
+    s = config.store
+    return StoreOptions(synchronous=s.synchronous, read_connections=1,
+                        writer_queue_size=s.writer_queue_size, max_batch=s.max_batch)
+
+
+def _limits(config: Config) -> EventLimits:
+    lim = config.limits
+    return EventLimits(lim.max_event_tags, lim.max_content_bytes, lim.max_created_at_future_seconds)
+
+
+async def run_import(config: Config, path: Path) -> int:
+    """`relay import FILE`: prints stored / duplicate / ephemeral / rejected counts; exit 0."""
+    console = Console(stderr=True)
+    try:
+        source = sys.stdin.buffer if str(path) == "-" else path.open("rb")
+    except OSError as exc:
+        console.print(f"relay import: {exc}")
+        return 2
+    store = await Store.open(config.store.path, _options(config))
+    try:
+        with source:
+            total = None if source is sys.stdin.buffer else sum(1 for _ in path.open("rb"))
+            with Progress(TextColumn("importing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                          console=console, disable=not console.is_terminal) as bar:
+                task = bar.add_task("import", total=total)
+                report = await import_lines(store, source, _limits(config), config.store.verify_threads,
+                                            lambda n: bar.advance(task, n))
+    finally:
+        await store.close()
+    print(f"read {report.total}: stored {report.stored}, duplicate {report.duplicate}, "
+          f"ephemeral (not stored) {report.ephemeral}, rejected {sum(report.rejected.values())}")
+    for message, count in report.rejected.most_common():
+        print(f"  rejected {count}: {message}")
+    return 0
+
+
+async def run_export(config: Config, filter_json: str, output: Path | None) -> int:
+    """`relay export [--filter JSON]`: every matching live event as one JSON line, newest first."""
+    try:
+        f = parse_filter(loads(filter_json))
+    except Rejection as exc:
+        print(f"relay export: bad --filter: {exc}", file=sys.stderr)
+        return 2
+    store = await Store.open(config.store.path, _options(config))
+    try:
+        out = output.open("wb") if output else sys.stdout.buffer
+        with out:
+            async for raw in store.scan(f):
+                out.write(raw + b"\n")
+    finally:
+        await store.close()
+    return 0

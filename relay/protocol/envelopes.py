@@ -1,0 +1,172 @@
+"""Client and relay messages of NIP-01 and NIP-45: parse what comes in, encode what goes out.
+
+Parsing turns one WebSocket text frame into an envelope; a frame that cannot
+be answered in kind raises `MessageError`, whose `verb` and `ref` tell the
+connection how to answer (OK for an EVENT with a readable id, CLOSED for a
+REQ/COUNT with a subscription id, NOTICE otherwise).  Encoders return UTF-8
+bytes ready to send as a text frame.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import orjson
+
+from relay.protocol.event import is_hex64
+from relay.protocol.filters import Filter, parse_filter
+from relay.protocol.rejection import Rejection
+
+MAX_SUBSCRIPTION_ID_CHARS = 64  # NIP-01
+
+
+@dataclass(frozen=True, slots=True)
+class EventEnvelope:
+    """`["EVENT", <event>]`: `event` is the still unvalidated JSON object."""
+
+    event: object
+
+
+@dataclass(frozen=True, slots=True)
+class ReqEnvelope:
+    """`["REQ", <sub_id>, <filter>...]` (NIP-01)."""
+
+    sub_id: str
+    filters: list[Filter]
+
+
+@dataclass(frozen=True, slots=True)
+class CountEnvelope:
+    """`["COUNT", <sub_id>, <filter>...]` (NIP-45)."""
+
+    sub_id: str
+    filters: list[Filter]
+
+
+@dataclass(frozen=True, slots=True)
+class CloseEnvelope:
+    """`["CLOSE", <sub_id>]` (NIP-01)."""
+
+    sub_id: str
+
+
+class MessageError(Rejection):
+    """A message that cannot be carried out.
+
+    `verb` is the message's verb when it could be read ("" otherwise) and
+    `ref` the event id (EVENT) or subscription id (REQ, COUNT, CLOSE) to
+    answer to, or None when there is none.
+    """
+
+    def __init__(self, rejection: Rejection, verb: str = "", ref: str | None = None) -> None:
+        super().__init__(rejection.prefix, rejection.reason)
+        self.verb = verb
+        self.ref = ref
+
+
+def loads(data: str | bytes) -> object:
+    """Decode JSON, strictly with orjson, else with the stdlib (lone surrogates, big integers).
+
+    The fallback lets a message holding a lone surrogate or an out-of-range
+    number be answered `OK false` / `CLOSED` with its id instead of a NOTICE;
+    validation refuses those values afterwards.
+
+    Raises:
+        Rejection: "invalid:" when neither decoder accepts `data`.
+    """
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        raise Rejection("invalid", "malformed JSON") from None
+
+
+def _sub_id(value: object, verb: str) -> str:
+    if type(value) is not str or not 0 < len(value) <= MAX_SUBSCRIPTION_ID_CHARS:
+        raise MessageError(Rejection("invalid", "subscription id must be a string of 1 to 64 characters"), verb)
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise MessageError(Rejection("invalid", "subscription id is not valid UTF-8"), verb) from None
+    return value
+
+
+def _filters(message: list, verb: str, sub_id: str, max_filters: int, max_items: int) -> list[Filter]:
+    raw = message[2:]
+    if not raw:
+        raise MessageError(Rejection("invalid", f"{verb} needs at least one filter"), verb, sub_id)
+    if len(raw) > max_filters:
+        raise MessageError(Rejection("invalid", f"too many filters (max {max_filters})"), verb, sub_id)
+    try:
+        return [parse_filter(f, max_items) for f in raw]
+    except Rejection as exc:
+        raise MessageError(exc, verb, sub_id) from None
+
+
+def parse_client_message(data: str | bytes, max_filters: int, max_items: int = 10_000):
+    """Parse one client frame into an Event/Req/Count/Close envelope (NIP-01, NIP-45).
+
+    `max_filters` bounds the filters of one REQ or COUNT; `max_items` the
+    length of each list inside a filter.
+
+    Raises:
+        MessageError: "invalid:" for malformed JSON, a non-array, an unknown
+        verb, or wrong arguments; `verb`/`ref` say whom to answer.
+    """
+    try:
+        message = loads(data)
+    except Rejection as exc:
+        raise MessageError(exc) from None
+    if type(message) is not list or not message or type(message[0]) is not str:
+        raise MessageError(Rejection("invalid", "message must be a JSON array starting with a verb"))
+    verb = message[0]
+    if verb == "EVENT":
+        if len(message) != 2:
+            ref = message[1].get("id") if len(message) > 1 and type(message[1]) is dict else None
+            raise MessageError(Rejection("invalid", "EVENT takes exactly one event"), verb,
+                               ref if is_hex64(ref) else None)
+        return EventEnvelope(message[1])
+    if verb in ("REQ", "COUNT"):
+        sub_id = _sub_id(message[1] if len(message) > 1 else None, verb)
+        filters = _filters(message, verb, sub_id, max_filters, max_items)
+        return ReqEnvelope(sub_id, filters) if verb == "REQ" else CountEnvelope(sub_id, filters)
+    if verb == "CLOSE":
+        if len(message) != 2:
+            raise MessageError(Rejection("invalid", "CLOSE takes exactly one subscription id"), verb)
+        return CloseEnvelope(_sub_id(message[1], verb))
+    raise MessageError(Rejection("invalid", f"unknown message type {verb[:32]!r}"), verb)
+
+
+def encode_ok(event_id: str, accepted: bool, message: str = "") -> bytes:
+    """`["OK", <event id>, <true|false>, <message>]` (NIP-01)."""
+    return orjson.dumps(["OK", event_id, accepted, message])
+
+
+def encode_event(sub_id: str, raw_event: bytes) -> bytes:
+    """`["EVENT", <sub_id>, <event>]` around an already serialized event (NIP-01)."""
+    return b'["EVENT",' + orjson.dumps(sub_id) + b"," + raw_event + b"]"
+
+
+def encode_eose(sub_id: str) -> bytes:
+    """`["EOSE", <sub_id>]` (NIP-01)."""
+    return orjson.dumps(["EOSE", sub_id])
+
+
+def encode_closed(sub_id: str, message: str) -> bytes:
+    """`["CLOSED", <sub_id>, <prefix: reason>]` (NIP-01)."""
+    return orjson.dumps(["CLOSED", sub_id, message])
+
+
+def encode_notice(message: str) -> bytes:
+    """`["NOTICE", <message>]` (NIP-01)."""
+    return orjson.dumps(["NOTICE", message])
+
+
+def encode_count(sub_id: str, count: int) -> bytes:
+    """`["COUNT", <sub_id>, {"count": <n>}]` (NIP-45)."""
+    return orjson.dumps(["COUNT", sub_id, {"count": count}])

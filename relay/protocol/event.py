@@ -1,0 +1,214 @@
+"""Nostr events: validation, NIP-01 id, BIP-340 signature, kind classes (NIP-01, NIP-40).
+
+An `Event` is built only by `parse_event`, which checks, cheapest first: shape
+and types, limits, the id recomputed from the NIP-01 serialization, then (with
+`verify_signature`, usually on a worker thread) the BIP-340 signature.  The
+relay stores and serves `Event.raw`, its own canonical re-serialization.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+import orjson
+from coincurve import PublicKeyXOnly
+
+from relay.protocol.rejection import Rejection, invalid
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX128 = re.compile(r"[0-9a-f]{128}")
+_INT64_MAX = 2**63 - 1
+MAX_KIND = 65535
+
+
+def is_hex64(value: object) -> bool:
+    """True for a 64-char lowercase hex string (an event id or pubkey)."""
+    return type(value) is str and len(value) == 64 and _HEX64.fullmatch(value) is not None
+
+
+def is_replaceable(kind: int) -> bool:
+    """NIP-01: kinds 0, 3 and 10000-19999 keep one event per (kind, pubkey)."""
+    return kind == 0 or kind == 3 or 10000 <= kind < 20000
+
+
+def is_ephemeral(kind: int) -> bool:
+    """NIP-01: kinds 20000-29999 are relayed live and never stored."""
+    return 20000 <= kind < 30000
+
+
+def is_addressable(kind: int) -> bool:
+    """NIP-01: kinds 30000-39999 keep one event per (kind, pubkey, d tag)."""
+    return 30000 <= kind < 40000
+
+
+def kind_class(kind: int) -> str:
+    """The NIP-01 storage class: "regular", "replaceable", "ephemeral" or "addressable"."""
+    if is_replaceable(kind):
+        return "replaceable"
+    if is_ephemeral(kind):
+        return "ephemeral"
+    if is_addressable(kind):
+        return "addressable"
+    return "regular"
+
+
+@dataclass(frozen=True, slots=True)
+class EventLimits:
+    """Per-event limits checked by `parse_event` (bytes, counts, seconds)."""
+
+    max_tags: int = 10_000
+    max_content_bytes: int = 256 * 1024
+    max_created_at_future_seconds: int = 900
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Event:
+    """A validated event (NIP-01).
+
+    `raw` is the canonical JSON of the whole event as UTF-8 bytes, keys in
+    NIP-01 order; `d_tag` is the first `d` tag's value ("" when absent) and
+    `expiration` the NIP-40 expiry in unix seconds or None.
+    """
+
+    id: str
+    pubkey: str
+    created_at: int
+    kind: int
+    tags: list
+    content: str
+    sig: str
+    raw: bytes
+    d_tag: str
+    expiration: int | None
+
+    @property
+    def coordinate(self) -> tuple[int, str, str] | None:
+        """(kind, pubkey, d_tag) for replaceable/addressable events, else None (NIP-01)."""
+        if is_replaceable(self.kind):
+            return (self.kind, self.pubkey, "")
+        if is_addressable(self.kind):
+            return (self.kind, self.pubkey, self.d_tag)
+        return None
+
+    def tag_values(self, name: str) -> list[str]:
+        """The first values (position 1) of every tag called `name`, in order."""
+        return [t[1] for t in self.tags if len(t) > 1 and t[0] == name]
+
+    def has_expired(self, now: float) -> bool:
+        """NIP-40: True once `now` (unix seconds) has reached the expiration."""
+        return self.expiration is not None and self.expiration <= now
+
+
+def _check_int(obj: dict, key: str, low: int, high: int) -> int:
+    value = obj.get(key)
+    if type(value) is not int:
+        raise invalid(f"{key} must be an integer")
+    if not low <= value <= high:
+        raise invalid(f"{key} out of range")
+    return value
+
+
+def _check_tags(tags: object, limits: EventLimits) -> list:
+    if type(tags) is not list:
+        raise invalid("tags must be an array of arrays of strings")
+    if len(tags) > limits.max_tags:
+        raise invalid(f"too many tags (max {limits.max_tags})")
+    for tag in tags:
+        if type(tag) is not list:
+            raise invalid("tags must be an array of arrays of strings")
+        for item in tag:
+            if type(item) is not str:
+                raise invalid("tag items must be strings")
+    return tags
+
+
+def _first_tag_value(tags: list, name: str) -> str | None:
+    for tag in tags:
+        if len(tag) > 1 and tag[0] == name:
+            return tag[1]
+    return None
+
+
+def _expiration(tags: list) -> int | None:
+    value = _first_tag_value(tags, "expiration")
+    # NIP-40: a value that is not a unix timestamp carries no expiry.
+    if value is None or not value.isdigit() or len(value) > 18:
+        return None
+    return int(value)
+
+
+def serialize_for_id(pubkey: str, created_at: int, kind: int, tags: list, content: str) -> bytes:
+    """The NIP-01 id preimage `[0,pubkey,created_at,kind,tags,content]` as UTF-8.
+
+    Compact, non-ASCII verbatim, only the JSON escapes NIP-01 lists plus
+    lowercase `\\u00xx` for other control characters (what orjson emits).
+
+    Raises:
+        Rejection: "invalid:" when a string holds a lone surrogate.
+    """
+    try:
+        return orjson.dumps([0, pubkey, created_at, kind, tags, content])
+    except TypeError:
+        raise invalid("string holds a lone surrogate (not valid UTF-8)") from None
+
+
+def parse_event(obj: object, limits: EventLimits, now: float) -> Event:
+    """Validate one event object from an EVENT message, all but its signature.
+
+    `now` is unix seconds (for the future-timestamp limit). Fields other than
+    the seven of NIP-01 are dropped.
+
+    Raises:
+        Rejection: "invalid:" for a wrong shape or type, non-lowercase or
+        wrong-length hex, a limit exceeded, or an id that does not match.
+    """
+    if type(obj) is not dict:
+        raise invalid("event must be a JSON object")
+    event_id, pubkey, sig = obj.get("id"), obj.get("pubkey"), obj.get("sig")
+    if not is_hex64(event_id):
+        raise invalid("id must be 64 lowercase hex characters")
+    if not is_hex64(pubkey):
+        raise invalid("pubkey must be 64 lowercase hex characters")
+    if type(sig) is not str or len(sig) != 128 or not _HEX128.fullmatch(sig):
+        raise invalid("sig must be 128 lowercase hex characters")
+    created_at = _check_int(obj, "created_at", 0, _INT64_MAX)
+    kind = _check_int(obj, "kind", 0, MAX_KIND)
+    tags = _check_tags(obj.get("tags"), limits)
+    content = obj.get("content")
+    if type(content) is not str:
+        raise invalid("content must be a string")
+    preimage = serialize_for_id(pubkey, created_at, kind, tags, content)
+    # A character is at most 4 UTF-8 bytes: encode only when it could matter.
+    if len(content) * 4 > limits.max_content_bytes and len(content.encode()) > limits.max_content_bytes:
+        raise invalid(f"content too long (max {limits.max_content_bytes} bytes)")
+    if created_at > now + limits.max_created_at_future_seconds:
+        raise invalid("created_at is too far in the future")
+    if hashlib.sha256(preimage).hexdigest() != event_id:
+        raise invalid("event id does not match")
+    raw = orjson.dumps(
+        {"id": event_id, "pubkey": pubkey, "created_at": created_at, "kind": kind,
+         "tags": tags, "content": content, "sig": sig}
+    )
+    return Event(event_id, pubkey, created_at, kind, tags, content, sig, raw,
+                 _first_tag_value(tags, "d") or "", _expiration(tags))
+
+
+def verify_signature(event: Event) -> bool:
+    """BIP-340 check of `event.sig` over the 32-byte id by the x-only `pubkey`.
+
+    False for a bad signature or a pubkey that is not on the curve.
+    coincurve releases the GIL, so callers batch this on worker threads.
+    """
+    try:
+        key = PublicKeyXOnly(bytes.fromhex(event.pubkey))
+        return key.verify(bytes.fromhex(event.sig), bytes.fromhex(event.id))
+    except ValueError:
+        return False
+
+
+def check_signature(event: Event) -> None:
+    """Raise `Rejection("invalid", ...)` unless `verify_signature(event)`."""
+    if not verify_signature(event):
+        raise Rejection("invalid", "bad signature")

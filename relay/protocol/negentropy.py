@@ -1,0 +1,754 @@
+"""NIP-77 negentropy set reconciliation, protocol version 1, without I/O.
+
+How this works
+--------------
+Each side holds a set of items ``(timestamp, 32-byte id)`` sorted by timestamp,
+then id.  The initiator (the client) sends one message covering the whole
+timestamp/id space; the responder (the relay) answers; and so on until the
+initiator has nothing left to send.  A message is a version byte (0x61)
+followed by ranges.  Every range has an exclusive upper bound (the lower bound
+is the previous range's upper bound, or zero) and a mode:
+
+* Skip: nothing to say about this range.
+* Fingerprint: a 16-byte digest of the sender's ids in the range.  If the
+  receiver's own digest differs it splits its items in the range into 16
+  buckets and sends a fingerprint for each, or, below 32 items, the ids.
+* IdList: every id the sender has in the range.  The initiator compares it
+  with its own ids (have = only ours, need = only theirs); the responder
+  answers with its own id list for the range.
+
+A frame size limit caps each message: when the next range would overflow it,
+the sender stops and ends the message with one Fingerprint range up to
+infinity, so the peer splits what was left next round.  All of this follows
+hoytech's reference implementation (cpp/negentropy.h) byte for byte.
+
+Storage is abstract (`NegentropyStorage`): the reconciler only asks for sizes,
+items by index, lower-bound searches and range fingerprints, so an index kept
+in SQLite with per-bucket sums can serve it.  `SortedVector` is the in-memory
+implementation, with numpy arrays and prefix sums for O(1) fingerprints.
+
+Source: NIP-77 and its appendix "Negentropy Protocol V1"
+(hoytech/negentropy docs/negentropy-protocol-v1.md).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import NamedTuple, Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = [
+    "BUCKETS",
+    "FINGERPRINT_SIZE",
+    "ID_SIZE",
+    "INFINITY",
+    "MIN_FRAME_SIZE_LIMIT",
+    "PROTOCOL_VERSION",
+    "Bound",
+    "Mode",
+    "Negentropy",
+    "NegentropyError",
+    "NegentropyStorage",
+    "Range",
+    "SortedVector",
+    "decode_message",
+    "decode_varint",
+    "encode_message",
+    "encode_varint",
+    "fingerprint",
+    "fingerprint_from_sum",
+]
+
+PROTOCOL_VERSION = 0x61
+"""Version 1 of the protocol, as its message's first byte (v2 would be 0x62)."""
+ID_SIZE = 32
+"""Bytes in an item id (a Nostr event id)."""
+FINGERPRINT_SIZE = 16
+"""Bytes in a range fingerprint."""
+INFINITY = 2**64 - 1
+"""The reserved "infinity" timestamp; no item may use it."""
+BUCKETS = 16
+"""A mismatched range is split into this many buckets (reference value)."""
+MIN_FRAME_SIZE_LIMIT = 4096
+"""Smallest nonzero frame size limit the reference accepts, in bytes."""
+
+_FRAME_MARGIN = 200  # the reference stops filling a frame 200 bytes early
+_MOD256 = (1 << 256) - 1
+_ZERO_ID = bytes(ID_SIZE)
+
+
+class NegentropyError(ValueError):
+    """Any error raised by this module: a malformed or unsupported message,
+    a bad item, or a call out of order.  The message says which."""
+
+
+class Mode(IntEnum):
+    """Range modes (NIP-77 appendix, "Range")."""
+
+    SKIP = 0
+    FINGERPRINT = 1
+    ID_LIST = 2
+
+
+class Bound(NamedTuple):
+    """An exclusive range upper bound (NIP-77 appendix, "Bound").
+
+    ``timestamp`` is an int in [0, 2**64 - 1] (``INFINITY`` is the top);
+    ``id_prefix`` is 0 to 32 bytes, implicitly padded with zero bytes.
+    """
+
+    timestamp: int
+    id_prefix: bytes = b""
+
+    def padded_id(self) -> bytes:
+        """The 32-byte id this bound compares as (prefix + zero bytes)."""
+        return self.id_prefix.ljust(ID_SIZE, b"\0")
+
+
+ZERO_BOUND = Bound(0)
+INFINITY_BOUND = Bound(INFINITY)
+
+
+@dataclass(frozen=True)
+class Range:
+    """One decoded range of a message.
+
+    ``payload`` is the 16-byte fingerprint for Fingerprint, the list of
+    32-byte ids for IdList, and None for Skip.
+    """
+
+    upper_bound: Bound
+    mode: Mode
+    payload: bytes | list[bytes] | None = None
+
+
+# ---------------------------------------------------------------- varints
+
+
+def encode_varint(n: int) -> bytes:
+    """Encode an unsigned int as a negentropy varint (NIP-77 appendix, "Varint").
+
+    Base-128 digits, most significant first, high bit set on every byte but
+    the last.  Raises NegentropyError for negative numbers.
+    """
+    if n < 0:
+        raise NegentropyError(f"cannot encode negative varint {n}")
+    out = [n & 0x7F]
+    n >>= 7
+    while n:
+        out.append(0x80 | (n & 0x7F))
+        n >>= 7
+    return bytes(reversed(out))
+
+
+def decode_varint(buf: bytes, pos: int = 0) -> tuple[int, int]:
+    """Decode a varint at ``buf[pos:]``; return ``(value, next_pos)``.
+
+    Raises NegentropyError if the buffer ends inside the varint or the value
+    does not fit in 64 bits.
+    """
+    value = 0
+    while True:
+        if pos >= len(buf):
+            raise NegentropyError("premature end of varint")
+        byte = buf[pos]
+        pos += 1
+        value = (value << 7) | (byte & 0x7F)
+        if value > INFINITY:
+            raise NegentropyError("varint does not fit in 64 bits")
+        if not byte & 0x80:
+            return value, pos
+
+
+# ---------------------------------------------------------------- fingerprints
+
+
+def fingerprint_from_sum(id_sum: int, count: int) -> bytes:
+    """Fingerprint from a precomputed id sum (NIP-77 appendix, "Fingerprint").
+
+    ``id_sum`` is the sum of the ids as little-endian 256-bit ints (reduced
+    mod 2**256 here); ``count`` the number of ids.  Returns the first 16 bytes
+    of SHA-256(sum as 32 little-endian bytes + varint(count)).
+    """
+    data = (id_sum & _MOD256).to_bytes(ID_SIZE, "little") + encode_varint(count)
+    return hashlib.sha256(data).digest()[:FINGERPRINT_SIZE]
+
+
+def fingerprint(ids: np.ndarray | Iterable[bytes]) -> bytes:
+    """Fingerprint of a collection of 32-byte ids; 16 bytes.
+
+    ``ids`` is a uint8 array of shape (n, 32) or an iterable of 32-byte
+    bytes.  The sum is vectorized: each id is eight little-endian 32-bit
+    limbs, summed per limb in uint64 (exact below 2**32 ids), then combined.
+    Raises NegentropyError for ids of the wrong size.
+    """
+    arr = _as_id_array(ids)
+    limb_sums = arr.view("<u4").sum(axis=0, dtype=np.uint64)
+    return fingerprint_from_sum(_combine_limbs(limb_sums), len(arr))
+
+
+def _as_id_array(ids: np.ndarray | Iterable[bytes]) -> np.ndarray:
+    if isinstance(ids, np.ndarray):
+        arr = np.ascontiguousarray(ids, dtype=np.uint8)
+        if arr.ndim != 2 or arr.shape[1] != ID_SIZE:
+            if arr.size == 0:
+                return np.zeros((0, ID_SIZE), np.uint8)
+            raise NegentropyError(f"id array must have shape (n, 32), not {arr.shape}")
+        return arr
+    blob = b"".join(ids)
+    if len(blob) % ID_SIZE:
+        raise NegentropyError("ids must be 32 bytes each")
+    return np.frombuffer(blob, np.uint8).reshape(-1, ID_SIZE)
+
+
+def _combine_limbs(limbs: np.ndarray) -> int:
+    """Sum of ``limbs[j] << 32*j`` as a Python int."""
+    total = 0
+    for j, limb in enumerate(limbs.tolist()):
+        total += limb << (32 * j)
+    return total
+
+
+# ---------------------------------------------------------------- storage
+
+
+@runtime_checkable
+class NegentropyStorage(Protocol):
+    """What the reconciler needs from a sealed, sorted item set.
+
+    Items are ``(timestamp, id)`` sorted by timestamp then id, indexed from 0.
+    A SQLite-backed index can implement ``fingerprint`` from per-bucket sums.
+    """
+
+    def size(self) -> int:
+        """Number of items."""
+        ...
+
+    def get_item(self, i: int) -> tuple[int, bytes]:
+        """Item ``i`` as ``(timestamp, 32-byte id)``."""
+        ...
+
+    def find_lower_bound(self, begin: int, end: int, bound: Bound) -> int:
+        """First index in [begin, end) whose item is >= ``bound``, else ``end``."""
+        ...
+
+    def fingerprint(self, begin: int, end: int) -> bytes:
+        """16-byte fingerprint of the items in [begin, end)."""
+        ...
+
+    def iter_ids(self, begin: int, end: int) -> Iterator[bytes]:
+        """The 32-byte ids of the items in [begin, end), in order."""
+        ...
+
+
+class SortedVector:
+    """In-memory `NegentropyStorage`: add items, `seal()`, then query.
+
+    Timestamps live in a uint64 array, ids in an (n, 32) uint8 array, and the
+    running id sums (mod 2**256) in an (n + 1, 8) uint32 array, so a range
+    fingerprint costs two lookups and one SHA-256.  Memory: about 72 bytes
+    per item.  Raises NegentropyError for bad items, duplicate ids (found at
+    `seal`), adding after `seal`, or querying before it.
+    """
+
+    def __init__(self) -> None:
+        self._pending_ts: list[np.ndarray] = []
+        self._pending_ids: list[np.ndarray] = []
+        self._one_ts: list[int] = []
+        self._one_ids: list[bytes] = []
+        self._sealed = False
+
+    @classmethod
+    def from_items(cls, items: Iterable[tuple[int, bytes]]) -> SortedVector:
+        """A sealed vector holding ``items`` (``(timestamp, id)`` pairs)."""
+        vec = cls()
+        for timestamp, id_ in items:
+            vec.insert(timestamp, id_)
+        vec.seal()
+        return vec
+
+    def insert(self, timestamp: int, id_: bytes) -> None:
+        """Add one item; ``timestamp`` in [0, 2**64 - 2], ``id_`` 32 bytes."""
+        self._check_unsealed()
+        if type(timestamp) is not int or not 0 <= timestamp < INFINITY:
+            raise NegentropyError(f"timestamp out of range: {timestamp!r}")
+        if len(id_) != ID_SIZE:
+            raise NegentropyError(f"id must be 32 bytes, not {len(id_)}")
+        self._one_ts.append(timestamp)
+        self._one_ids.append(bytes(id_))
+
+    def insert_many(self, timestamps: np.ndarray | Iterable[int], ids: np.ndarray | Iterable[bytes]) -> None:
+        """Add many items at once: ``timestamps`` shape (n,), ``ids`` (n, 32) uint8."""
+        self._check_unsealed()
+        ts = _as_timestamp_array(timestamps)
+        arr = _as_id_array(ids)
+        if len(ts) != len(arr):
+            raise NegentropyError(f"{len(ts)} timestamps for {len(arr)} ids")
+        self._pending_ts.append(ts)
+        self._pending_ids.append(arr)
+
+    def seal(self) -> None:
+        """Sort the items, reject duplicate ids and build the prefix sums."""
+        self._check_unsealed()
+        ts, ids = self._gather()
+        order = np.lexsort(_sort_keys(ts, ids))
+        self._ts = ts[order]
+        self._ids = np.ascontiguousarray(ids[order])
+        _reject_duplicate_ids(self._ids)
+        self._id_view = memoryview(self._ids).cast("B")
+        self._prefix = _prefix_sums(self._ids)
+        self._prefix_view = memoryview(self._prefix).cast("B")
+        self._sealed = True
+        self._pending_ts = self._pending_ids = self._one_ts = self._one_ids = []
+
+    def _gather(self) -> tuple[np.ndarray, np.ndarray]:
+        ts_parts = [*self._pending_ts, np.array(self._one_ts, dtype=np.uint64)]
+        id_parts = [*self._pending_ids, _as_id_array(self._one_ids)]
+        return np.concatenate(ts_parts), np.concatenate(id_parts)
+
+    def size(self) -> int:
+        """Number of items."""
+        self._check_sealed()
+        return len(self._ts)
+
+    def get_item(self, i: int) -> tuple[int, bytes]:
+        """Item ``i`` as ``(timestamp, 32-byte id)``; IndexError if out of range."""
+        self._check_sealed()
+        if not 0 <= i < len(self._ts):
+            raise IndexError(f"item index {i} out of range")
+        return int(self._ts[i]), bytes(self._id_view[i * ID_SIZE : (i + 1) * ID_SIZE])
+
+    def find_lower_bound(self, begin: int, end: int, bound: Bound) -> int:
+        """First index in [begin, end) whose item is >= ``bound``, else ``end``."""
+        self._check_range(begin, end)
+        ts = self._ts[begin:end]
+        key = np.uint64(bound.timestamp)
+        lo = begin + int(np.searchsorted(ts, key, "left"))
+        if bound.padded_id() == _ZERO_ID:
+            return lo
+        hi = begin + int(np.searchsorted(ts, key, "right"))
+        return lo + bisect.bisect_left(range(lo, hi), bound.padded_id(), key=self._id_at)
+
+    def _id_at(self, i: int) -> bytes:
+        return bytes(self._id_view[i * ID_SIZE : (i + 1) * ID_SIZE])
+
+    def fingerprint(self, begin: int, end: int) -> bytes:
+        """16-byte fingerprint of the items in [begin, end), in O(1)."""
+        self._check_range(begin, end)
+        upper = int.from_bytes(self._prefix_view[end * ID_SIZE : (end + 1) * ID_SIZE], "little")
+        lower = int.from_bytes(self._prefix_view[begin * ID_SIZE : (begin + 1) * ID_SIZE], "little")
+        return fingerprint_from_sum(upper - lower, end - begin)
+
+    def iter_ids(self, begin: int, end: int) -> Iterator[bytes]:
+        """The 32-byte ids of the items in [begin, end), in order."""
+        self._check_range(begin, end)
+        blob = self._id_view[begin * ID_SIZE : end * ID_SIZE].tobytes()
+        return (blob[k : k + ID_SIZE] for k in range(0, len(blob), ID_SIZE))
+
+    def timestamps(self) -> np.ndarray:
+        """Sorted timestamps, shape (n,) uint64 (read-only view)."""
+        self._check_sealed()
+        view = self._ts.view()
+        view.flags.writeable = False
+        return view
+
+    def ids(self) -> np.ndarray:
+        """Ids in sorted order, shape (n, 32) uint8 (read-only view)."""
+        self._check_sealed()
+        view = self._ids.view()
+        view.flags.writeable = False
+        return view
+
+    def _check_range(self, begin: int, end: int) -> None:
+        self._check_sealed()
+        if not 0 <= begin <= end <= len(self._ts):
+            raise NegentropyError(f"bad range [{begin}, {end}) for {len(self._ts)} items")
+
+    def _check_sealed(self) -> None:
+        if not self._sealed:
+            raise NegentropyError("storage not sealed")
+
+    def _check_unsealed(self) -> None:
+        if self._sealed:
+            raise NegentropyError("storage already sealed")
+
+
+def _as_timestamp_array(timestamps: np.ndarray | Iterable[int]) -> np.ndarray:
+    if isinstance(timestamps, np.ndarray):
+        if timestamps.dtype.kind not in "iu":
+            raise NegentropyError(f"timestamps must be integers, not {timestamps.dtype}")
+        if timestamps.dtype.kind == "i" and timestamps.size and timestamps.min() < 0:
+            raise NegentropyError("negative timestamp")
+        ts = timestamps.astype(np.uint64).reshape(-1)
+    else:
+        values = list(timestamps)
+        if any(type(t) is not int or t < 0 for t in values):
+            raise NegentropyError("timestamps must be non-negative ints")
+        if any(t >= INFINITY for t in values):
+            raise NegentropyError("timestamp out of range")
+        ts = np.array(values, dtype=np.uint64)
+    if ts.size and ts.max() == np.uint64(INFINITY):
+        raise NegentropyError("timestamp 2**64 - 1 is reserved for infinity")
+    return ts
+
+
+def _sort_keys(ts: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, ...]:
+    """np.lexsort keys, least significant first: id words (big-endian), then timestamp."""
+    words = ids.view(">u8").astype(np.uint64)
+    return (words[:, 3], words[:, 2], words[:, 1], words[:, 0], ts)
+
+
+def _reject_duplicate_ids(ids: np.ndarray) -> None:
+    """Raise NegentropyError if any id occurs twice (at any timestamps)."""
+    if len(ids) < 2:
+        return
+    first_words = np.sort(ids.view(">u8")[:, 0].astype(np.uint64))
+    shared = np.unique(first_words[1:][first_words[1:] == first_words[:-1]])
+    if not len(shared):
+        return
+    candidates = np.isin(ids.view(">u8")[:, 0].astype(np.uint64), shared)
+    seen: set[bytes] = set()
+    for row in ids[candidates]:
+        id_ = row.tobytes()
+        if id_ in seen:
+            raise NegentropyError(f"duplicate item id {id_.hex()}")
+        seen.add(id_)
+
+
+def _prefix_sums(ids: np.ndarray) -> np.ndarray:
+    """Running sums of the ids mod 2**256: shape (n + 1, 8) little-endian uint32.
+
+    Row k is the sum of the first k ids.  The per-limb cumulative sums stay
+    exact in uint64 below 2**32 items; the carries are then folded upward.
+    """
+    n = len(ids)
+    limb_sums = np.zeros((n + 1, 8), dtype=np.uint64)
+    np.cumsum(ids.view("<u4"), axis=0, dtype=np.uint64, out=limb_sums[1:])
+    prefix = np.empty((n + 1, 8), dtype="<u4")
+    carry = np.zeros(n + 1, dtype=np.uint64)
+    for j in range(8):
+        total = limb_sums[:, j] + carry
+        prefix[:, j] = total & np.uint64(0xFFFFFFFF)
+        carry = total >> np.uint64(32)
+    return prefix
+
+
+# ---------------------------------------------------------------- wire format
+
+
+class _Reader:
+    """Cursor over an incoming message; every failure is a NegentropyError."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = bytes(data)
+        self.pos = 0
+        self.last_timestamp = 0
+
+    def at_end(self) -> bool:
+        return self.pos >= len(self.data)
+
+    def take(self, n: int) -> bytes:
+        if len(self.data) - self.pos < n:
+            raise NegentropyError("parse ends prematurely")
+        chunk = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return chunk
+
+    def varint(self) -> int:
+        value, self.pos = decode_varint(self.data, self.pos)
+        return value
+
+    def bound(self) -> Bound:
+        """Decode a bound; the timestamp is delta-coded and saturates at infinity."""
+        encoded = self.varint()
+        if encoded == 0 or self.last_timestamp == INFINITY:
+            timestamp = INFINITY
+        else:
+            timestamp = min(self.last_timestamp + encoded - 1, INFINITY)
+        self.last_timestamp = timestamp
+        length = self.varint()
+        if length > ID_SIZE:
+            raise NegentropyError(f"bound key too long ({length} bytes)")
+        return Bound(timestamp, self.take(length))
+
+    def mode(self) -> Mode:
+        value = self.varint()
+        if value not in (0, 1, 2):
+            raise NegentropyError(f"unexpected mode {value}")
+        return Mode(value)
+
+    def id_list(self) -> list[bytes]:
+        count = self.varint()
+        if count * ID_SIZE > len(self.data) - self.pos:
+            raise NegentropyError("parse ends prematurely (id list)")
+        blob = self.take(count * ID_SIZE)
+        return [blob[k : k + ID_SIZE] for k in range(0, len(blob), ID_SIZE)]
+
+
+class _Encoder:
+    """Bound encoder; the timestamp delta state spans one whole message."""
+
+    def __init__(self) -> None:
+        self.last_timestamp = 0
+
+    def bound(self, out: bytearray, bound: Bound) -> None:
+        out += self._timestamp(bound.timestamp)
+        out += encode_varint(len(bound.id_prefix))
+        out += bound.id_prefix
+
+    def _timestamp(self, timestamp: int) -> bytes:
+        if timestamp == INFINITY:
+            self.last_timestamp = INFINITY
+            return b"\x00"
+        delta = timestamp - self.last_timestamp
+        if delta < 0:
+            raise NegentropyError("internal error: bounds out of order")
+        self.last_timestamp = timestamp
+        return encode_varint(delta + 1)
+
+
+def decode_message(msg: bytes) -> tuple[int, list[Range]]:
+    """Parse a message into ``(version_byte, ranges)`` without reconciling.
+
+    Only version 0x61 bodies are parsed; for any other version byte the
+    range list is empty.  Raises NegentropyError if the message is malformed.
+    """
+    reader = _Reader(msg)
+    version = reader.take(1)[0]
+    ranges: list[Range] = []
+    while version == PROTOCOL_VERSION and not reader.at_end():
+        bound = reader.bound()
+        mode = reader.mode()
+        if mode is Mode.FINGERPRINT:
+            ranges.append(Range(bound, mode, reader.take(FINGERPRINT_SIZE)))
+        elif mode is Mode.ID_LIST:
+            ranges.append(Range(bound, mode, reader.id_list()))
+        else:
+            ranges.append(Range(bound, mode))
+    return version, ranges
+
+
+def encode_message(ranges: Iterable[Range], version: int = PROTOCOL_VERSION) -> bytes:
+    """Encode ranges (ascending bounds) into a message; inverse of `decode_message`."""
+    out = bytearray([version])
+    encoder = _Encoder()
+    for rng in ranges:
+        encoder.bound(out, rng.upper_bound)
+        out += encode_varint(rng.mode)
+        if rng.mode is Mode.FINGERPRINT:
+            out += rng.payload
+        elif rng.mode is Mode.ID_LIST:
+            out += encode_varint(len(rng.payload))
+            out += b"".join(rng.payload)
+    return bytes(out)
+
+
+def _minimal_bound(prev: tuple[int, bytes], curr: tuple[int, bytes]) -> Bound:
+    """Shortest bound > ``prev`` and <= ``curr`` (two adjacent items)."""
+    if curr[0] != prev[0]:
+        return Bound(curr[0])
+    shared = 0
+    while shared < ID_SIZE and curr[1][shared] == prev[1][shared]:
+        shared += 1
+    return Bound(curr[0], curr[1][: shared + 1])
+
+
+# ---------------------------------------------------------------- reconciler
+
+
+class Negentropy:
+    """The negentropy v1 reconciler over one `NegentropyStorage`.
+
+    ``frame_size_limit`` is the maximum message size in bytes, 0 for none;
+    nonzero values below 4096 raise NegentropyError (as in the reference).
+    The initiator calls `initiate` once, then `reconcile_with_ids` on each
+    reply until it returns None as the next message.  The responder calls
+    `reconcile` on each message it receives.  One instance serves one
+    reconciliation.
+    """
+
+    def __init__(self, storage: NegentropyStorage, frame_size_limit: int = 0) -> None:
+        if frame_size_limit < 0 or 0 < frame_size_limit < MIN_FRAME_SIZE_LIMIT:
+            raise NegentropyError(f"frame_size_limit too small: {frame_size_limit}")
+        self.storage = storage
+        self.frame_size_limit = frame_size_limit
+        self.is_initiator = False
+
+    def initiate(self) -> bytes:
+        """Initiator: the first message (covers everything up to infinity).
+
+        Raises NegentropyError if called twice.
+        """
+        if self.is_initiator:
+            raise NegentropyError("already initiated")
+        self.is_initiator = True
+        out = bytearray([PROTOCOL_VERSION])
+        self._split_range(0, self.storage.size(), INFINITY_BOUND, out, _Encoder())
+        return bytes(out)
+
+    def reconcile(self, msg: bytes) -> bytes:
+        """Responder: answer one message from the initiator.
+
+        Returns the reply (always at least the version byte).  A version byte
+        in 0x60-0x6f other than 0x61 gets the reply b"\\x61" (our highest
+        version).  Raises NegentropyError for a malformed message, a version
+        byte outside 0x60-0x6f, or when called on an initiator.
+        """
+        if self.is_initiator:
+            raise NegentropyError("initiator must call reconcile_with_ids")
+        return self._reconcile(msg, [], [])
+
+    def reconcile_with_ids(self, msg: bytes) -> tuple[bytes | None, list[bytes], list[bytes]]:
+        """Initiator: process a reply; return ``(next_msg, have_ids, need_ids)``.
+
+        ``next_msg`` is None when reconciliation is complete.  ``have_ids`` are
+        32-byte ids only we hold (in storage order), ``need_ids`` ids only the
+        peer holds (in message order), found in this round.  Raises
+        NegentropyError for a malformed or unsupported reply, or before
+        `initiate`.
+        """
+        if not self.is_initiator:
+            raise NegentropyError("reconcile_with_ids needs initiate() first")
+        have: list[bytes] = []
+        need: list[bytes] = []
+        out = self._reconcile(msg, have, need)
+        return (None if len(out) == 1 else out), have, need
+
+    def _reconcile(self, msg: bytes, have: list[bytes], need: list[bytes]) -> bytes:
+        reader = _Reader(msg)
+        version = reader.take(1)[0]
+        if not 0x60 <= version <= 0x6F:
+            raise NegentropyError(f"invalid negentropy protocol version byte 0x{version:02x}")
+        if version != PROTOCOL_VERSION:
+            if self.is_initiator:
+                raise NegentropyError(f"unsupported negentropy protocol version {version - 0x60}")
+            return bytes([PROTOCOL_VERSION])
+        return _Round(self, reader, have, need).run()
+
+    def _split_range(self, lower: int, upper: int, upper_bound: Bound, out: bytearray, enc: _Encoder) -> None:
+        """Describe our items in [lower, upper): ids below 32 items, else 16 fingerprints."""
+        count = upper - lower
+        if count < 2 * BUCKETS:
+            enc.bound(out, upper_bound)
+            out += encode_varint(Mode.ID_LIST) + encode_varint(count)
+            out += b"".join(self.storage.iter_ids(lower, upper))
+            return
+        per_bucket, with_extra = divmod(count, BUCKETS)
+        curr = lower
+        for i in range(BUCKETS):
+            size = per_bucket + (1 if i < with_extra else 0)
+            digest = self.storage.fingerprint(curr, curr + size)
+            curr += size
+            enc.bound(out, upper_bound if curr == upper else self._bound_between(curr))
+            out += encode_varint(Mode.FINGERPRINT) + digest
+
+    def _bound_between(self, index: int) -> Bound:
+        return _minimal_bound(self.storage.get_item(index - 1), self.storage.get_item(index))
+
+    def _exceeds_frame(self, size: int) -> bool:
+        return bool(self.frame_size_limit) and size > self.frame_size_limit - _FRAME_MARGIN
+
+
+class _Round:
+    """Processing of one incoming message (reference: reconcileAux)."""
+
+    def __init__(self, neg: Negentropy, reader: _Reader, have: list[bytes], need: list[bytes]) -> None:
+        self.neg = neg
+        self.storage = neg.storage
+        self.reader = reader
+        self.have = have
+        self.need = need
+        self.enc = _Encoder()
+        self.out = bytearray([PROTOCOL_VERSION])
+        self.size = neg.storage.size()
+        self.prev_bound = ZERO_BOUND
+        self.prev_index = 0
+        self.skip = False
+
+    def run(self) -> bytes:
+        while not self.reader.at_end():
+            bound = self.reader.bound()
+            mode = self.reader.mode()
+            lower = self.prev_index
+            upper = self.storage.find_lower_bound(lower, self.size, bound)
+            pending = bytearray()
+            if mode is Mode.SKIP:
+                self.skip = True
+            elif mode is Mode.FINGERPRINT:
+                self._fingerprint(lower, upper, bound, pending)
+            else:
+                upper = self._id_list(lower, upper, bound, pending)
+            if self.neg._exceeds_frame(len(self.out) + len(pending)):
+                self._finish_with_fingerprint(upper)
+                break
+            self.out += pending
+            self.prev_index = upper
+            self.prev_bound = bound
+        return bytes(self.out)
+
+    def _flush_skip(self, pending: bytearray) -> None:
+        if self.skip:
+            self.skip = False
+            self.enc.bound(pending, self.prev_bound)
+            pending += encode_varint(Mode.SKIP)
+
+    def _fingerprint(self, lower: int, upper: int, bound: Bound, pending: bytearray) -> None:
+        theirs = self.reader.take(FINGERPRINT_SIZE)
+        if theirs == self.storage.fingerprint(lower, upper):
+            self.skip = True
+            return
+        self._flush_skip(pending)
+        self.neg._split_range(lower, upper, bound, pending, self.enc)
+
+    def _id_list(self, lower: int, upper: int, bound: Bound, pending: bytearray) -> int:
+        """Handle an IdList range; return the (possibly shrunk) upper index."""
+        their_ids = self.reader.id_list()
+        if self.neg.is_initiator:
+            self._diff_ids(lower, upper, their_ids)
+            self.skip = True
+            return upper
+        self._flush_skip(pending)
+        upper = self._answer_id_list(lower, upper, bound, pending)
+        self.out += pending
+        del pending[:]
+        return upper
+
+    def _diff_ids(self, lower: int, upper: int, their_ids: list[bytes]) -> None:
+        remaining = dict.fromkeys(their_ids)
+        for id_ in self.storage.iter_ids(lower, upper):
+            if id_ in remaining:
+                del remaining[id_]
+            else:
+                self.have.append(id_)
+        self.need.extend(remaining)
+
+    def _answer_id_list(self, lower: int, upper: int, bound: Bound, pending: bytearray) -> int:
+        """Responder: send our ids in [lower, upper), cut short if the frame fills."""
+        count = self._ids_that_fit(upper - lower)
+        end_bound = bound
+        if count < upper - lower:
+            upper = lower + count
+            end_bound = Bound(*self.storage.get_item(upper))
+        self.enc.bound(pending, end_bound)
+        pending += encode_varint(Mode.ID_LIST) + encode_varint(count)
+        pending += b"".join(self.storage.iter_ids(lower, upper))
+        return upper
+
+    def _ids_that_fit(self, available: int) -> int:
+        """Ids the reference adds before its frame check trips (checked before each id)."""
+        limit = self.neg.frame_size_limit
+        if not limit:
+            return available
+        budget = limit - _FRAME_MARGIN - len(self.out)
+        return 0 if budget < 0 else min(available, budget // ID_SIZE + 1)
+
+    def _finish_with_fingerprint(self, upper: int) -> None:
+        """Frame full: one Fingerprint range to infinity for our items from ``upper``."""
+        self.enc.bound(self.out, INFINITY_BOUND)
+        self.out += encode_varint(Mode.FINGERPRINT)
+        self.out += self.storage.fingerprint(upper, self.size)

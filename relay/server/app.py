@@ -1,0 +1,170 @@
+"""The relay process: WebSocket server, NIP-11 and /health on the same port, background tasks.
+
+`Relay` holds what every connection shares (config, store, signature
+verifier, live subscription index).  `run_relay` serves until cancelled or
+signalled; `Relay.start`/`stop` let tests run a real server in-process on an
+ephemeral port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import signal
+from http import HTTPStatus
+
+import structlog
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+
+from relay.config import Config
+from relay.protocol.event import Event, EventLimits, is_ephemeral
+from relay.server import nip11
+from relay.server.connection import Connection
+from relay.server.subscriptions import SubscriptionIndex
+from relay.server.verifier import Verifier
+from relay.store.store import Store, StoreOptions
+from relay.store.writes import Changes
+
+log = structlog.get_logger(__name__)
+
+_CORS = [("Access-Control-Allow-Origin", "*"), ("Access-Control-Allow-Headers", "*"),
+         ("Access-Control-Allow-Methods", "GET, OPTIONS")]
+
+
+class Relay:
+    """Shared state of one relay process and the entry points around it."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.event_limits = EventLimits(
+            max_tags=config.limits.max_event_tags,
+            max_content_bytes=config.limits.max_content_bytes,
+            max_created_at_future_seconds=config.limits.max_created_at_future_seconds,
+        )
+        self.subscriptions = SubscriptionIndex()
+        self.verifier = Verifier(config.store.verify_threads)
+        self.store: Store | None = None
+        self.server: Server | None = None
+        self.slow_readers = 0
+        self._conn_ids = itertools.count(1)
+        self._background: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        """Open the store and start listening on `config.server` (port 0: any free port)."""
+        s = self.config.store
+        self.store = await Store.open(s.path, StoreOptions(
+            synchronous=s.synchronous, read_connections=s.read_connections,
+            writer_queue_size=s.writer_queue_size, max_batch=s.max_batch))
+        self.store.add_listener(self._on_commit)
+        self.server = await serve(
+            self._handle, self.config.server.host, self.config.server.port,
+            process_request=self._process_request,
+            max_size=self.config.limits.max_message_bytes,
+            max_queue=16, compression=None, ping_interval=30, ping_timeout=30,
+        )
+        self._background = [asyncio.create_task(self._purge_expired_forever(), name="expiry-purge")]
+        log.info("relay_started", url=self.url, db=str(s.path))
+
+    @property
+    def port(self) -> int:
+        """The TCP port actually bound."""
+        assert self.server is not None
+        return self.server.sockets[0].getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        """ws://host:port of this relay."""
+        return f"ws://{self.config.server.host}:{self.port}"
+
+    async def stop(self) -> None:
+        """Stop accepting, close sockets with 1001, drain the writer, close the store."""
+        for task in self._background:
+            task.cancel()
+        if self.server is not None:
+            self.server.close(close_connections=True)
+            try:
+                await asyncio.wait_for(self.server.wait_closed(), self.config.server.shutdown_timeout_seconds)
+            except TimeoutError:
+                log.warning("shutdown_timeout", waited_seconds=self.config.server.shutdown_timeout_seconds)
+        if self.store is not None:
+            await self.store.close()
+        self.verifier.close()
+        log.info("relay_stopped")
+
+    async def accept(self, event: Event) -> tuple[bool, str]:
+        """Store a validated event (ephemeral kinds only go live). Returns the OK (accepted, message)."""
+        if is_ephemeral(event.kind):
+            self._fanout([event])
+            return True, ""
+        return await self.store.submit(event)
+
+    def _on_commit(self, changes: Changes) -> None:
+        self._fanout(changes.inserted)
+
+    def _fanout(self, events: list[Event]) -> None:
+        for event in events:
+            for sub in self.subscriptions.match(event):
+                sub.deliver(event)
+
+    def slow_reader_dropped(self) -> None:
+        """Count one reader disconnected for not keeping up with live events."""
+        self.slow_readers += 1
+        log.info("slow_reader_disconnected", total=self.slow_readers)
+
+    def internal_error(self, what: str, exc: BaseException, **fields) -> str:
+        """Log an unexpected failure with its traceback; return the client's `error:` message."""
+        log.error(what, error=repr(exc), exc_info=exc, **fields)
+        return "error: internal"
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        conn_id = next(self._conn_ids)
+        remote = ws.remote_address[0] if ws.remote_address else ""
+        structlog.contextvars.bind_contextvars(conn_id=conn_id, remote=remote)
+        log.info("connection_opened")
+        try:
+            await Connection(ws, self).run()
+        finally:
+            log.info("connection_closed", code=ws.close_code)
+
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        if request.path == "/health":
+            return _response(HTTPStatus.OK, b"ok\n", "text/plain")
+        if "application/nostr+json" in request.headers.get("Accept", ""):
+            return _response(HTTPStatus.OK, nip11.document(self.config), "application/nostr+json")
+        return None
+
+    async def _purge_expired_forever(self) -> None:
+        interval = self.config.store.expiry_purge_interval_seconds
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                while await self.store.purge_expired() >= self.store.options.purge_batch:
+                    pass
+            except Exception as exc:
+                self.internal_error("expiry_purge_failed", exc)
+
+
+def _response(status: HTTPStatus, body: bytes, content_type: str) -> Response:
+    headers = Headers([("Content-Type", content_type), ("Content-Length", str(len(body))), *_CORS])
+    return Response(status.value, status.phrase, headers, body)
+
+
+async def run_relay(config: Config) -> int:
+    """Serve until SIGINT/SIGTERM or until the store fails; returns the process exit code."""
+    relay = Relay(config)
+    await relay.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    stopped = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({stopped, relay.store.writer_task}, return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    if relay.store.writer_task in done:
+        log.error("store_failed", error=repr(relay.store.writer_task.exception()))
+        code = 1
+    stopped.cancel()
+    await relay.stop()
+    return code

@@ -1,0 +1,49 @@
+"""NIP-11 relay information document, built from the configuration."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+import orjson
+
+from relay.config import Config
+
+SUPPORTED_NIPS = [1, 9, 11, 40, 45]
+
+
+def _version() -> str:
+    try:
+        return version("relay")
+    except PackageNotFoundError:
+        return "0"
+
+
+def document(config: Config) -> bytes:
+    """The NIP-11 JSON document: identity from `[info]`, `limitation` from `[limits]`."""
+    info, limits = config.info, config.limits
+    doc = {
+        "name": info.name,
+        "description": info.description,
+        "supported_nips": SUPPORTED_NIPS,
+        "software": "relay",
+        "version": _version(),
+        "limitation": {
+            "max_message_length": limits.max_message_bytes,
+            "max_subscriptions": limits.max_subscriptions,
+            "max_filters": limits.max_filters,
+            "max_limit": limits.max_limit,
+            "default_limit": limits.default_limit,
+            "max_event_tags": limits.max_event_tags,
+            "max_content_length": limits.max_content_bytes,
+            "max_subid_length": 64,
+            "created_at_upper_limit": limits.max_created_at_future_seconds,
+            "auth_required": False,
+            "payment_required": False,
+            "restricted_writes": False,
+        },
+    }
+    if info.pubkey:
+        doc["pubkey"] = info.pubkey
+    if info.contact:
+        doc["contact"] = info.contact
+    return orjson.dumps(doc)

@@ -1,0 +1,85 @@
+"""SQLite connections: pragmas, numbered migrations, and running whole jobs on aiosqlite's thread.
+
+Every aiosqlite call is one hop to the connection's own thread.  The writer
+and the query path hand it one whole job (a batch, a REQ) with `run`, so a
+job costs one hop however many rows it touches.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiosqlite
+
+T = TypeVar("T")
+
+SYNCHRONOUS_MODES = ("off", "normal", "full", "extra")
+
+
+def migrations() -> list[tuple[int, str]]:
+    """The numbered migrations shipped in `relay/store/migrations/`, as (number, SQL), in order."""
+    found = []
+    for entry in resources.files("relay.store.migrations").iterdir():
+        name = entry.name
+        if name.endswith(".sql") and name[:4].isdigit():
+            found.append((int(name[:4]), entry.read_text(encoding="utf-8")))
+    return sorted(found)
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Apply every migration newer than `PRAGMA user_version`, each in its own transaction.
+
+    Returns the schema version reached.
+    """
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    for number, sql in migrations():
+        if number <= version:
+            continue
+        try:
+            conn.executescript(f"BEGIN IMMEDIATE;\n{sql}\nPRAGMA user_version = {number:d};\nCOMMIT;")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        version = number
+    return version
+
+
+def _configure(conn: sqlite3.Connection, synchronous: str, readonly: bool) -> None:
+    conn.execute("PRAGMA busy_timeout = 5000")
+    conn.execute("PRAGMA temp_store = MEMORY")
+    conn.execute("PRAGMA cache_size = -65536")  # KiB: 64 MiB page cache per connection
+    conn.execute("PRAGMA mmap_size = 268435456")
+    if readonly:
+        conn.execute("PRAGMA query_only = 1")
+    else:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+
+
+async def connect(path: Path, synchronous: str = "normal", readonly: bool = False) -> aiosqlite.Connection:
+    """Open one aiosqlite connection in autocommit mode with our pragmas (WAL).
+
+    Read connections return TEXT as bytes, so stored event JSON goes to the
+    socket without a decode/encode round trip.
+    """
+    if synchronous not in SYNCHRONOUS_MODES:
+        raise ValueError(f"synchronous must be one of {SYNCHRONOUS_MODES}")
+    conn = await aiosqlite.connect(path, isolation_level=None, check_same_thread=False)
+    await run(conn, _configure, synchronous, readonly)
+    if readonly:
+        conn.text_factory = bytes
+    return conn
+
+
+async def run(conn: aiosqlite.Connection, fn: Callable[..., T], *args: Any) -> T:
+    """Run `fn(sqlite3_connection, *args)` on the connection's thread and await its result.
+
+    aiosqlite exposes no public call for this; `_execute` is the primitive
+    its own methods use.
+    """
+    return await conn._execute(lambda: fn(conn._conn, *args))

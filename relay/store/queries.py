@@ -1,0 +1,116 @@
+"""NIP-01 filters compiled to SQL, and the read jobs run on a read connection's thread.
+
+Each filter becomes ONE statement with bound parameters, ordered
+`created_at DESC, id` (newest first, ties lowest id first) with its own
+limit.  The driving index is chosen by the filter's shape: `ids` by the
+primary key, `authors` by (pubkey[, kind], created_at), a tag condition by the
+tag index, `kinds` by (kind, created_at), else by created_at.  Expired events
+(NIP-40) are never returned.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+from relay.protocol.filters import Filter
+
+
+@dataclass(frozen=True, slots=True)
+class Compiled:
+    """One filter as SQL: `sql` selects (created_at, id, raw); `params` binds it."""
+
+    sql: str
+    params: tuple
+
+
+def _in(column: str, values, params: list, convert=None) -> str:
+    items = sorted(values)
+    params.extend(convert(v) for v in items) if convert else params.extend(items)
+    if len(items) == 1:
+        return f"{column} = ?"
+    return f"{column} IN ({','.join('?' * len(items))})"
+
+
+def _tag_exists(name: str, values, params: list) -> str:
+    params.append(name)
+    return "EXISTS (SELECT 1 FROM tags t2 WHERE t2.seq = e.seq AND t2.name = ? AND " + _in("t2.value", values, params) + ")"
+
+
+def _conditions(f: Filter, now: int, params: list, time_column: str, skip_tag: str | None) -> list[str]:
+    where = []
+    if f.ids is not None:
+        where.append(_in("e.id", f.ids, params, bytes.fromhex))
+    if f.authors is not None:
+        where.append(_in("e.pubkey", f.authors, params, bytes.fromhex))
+    if f.kinds is not None:
+        where.append(_in("e.kind", f.kinds, params))
+    if f.since is not None:
+        where.append(f"{time_column} >= ?")
+        params.append(f.since)
+    if f.until is not None:
+        where.append(f"{time_column} <= ?")
+        params.append(f.until)
+    for name, values in f.tags:
+        if name != skip_tag:
+            where.append(_tag_exists(name, values, params))
+    where.append("(e.expiration IS NULL OR e.expiration > ?)")
+    params.append(now)
+    return where
+
+
+def _driving_tag(f: Filter) -> str | None:
+    """The tag condition that drives the query through the tag index, if any should."""
+    if not f.tags or f.ids is not None or f.authors is not None:
+        return None
+    return min(f.tags, key=lambda item: len(item[1]))[0]
+
+
+def _from_clause(f: Filter, params: list) -> tuple[str, str, str | None]:
+    tag = _driving_tag(f)
+    if tag is None:
+        return "FROM events e", "e.created_at", None
+    values = dict(f.tags)[tag]
+    params.append(tag)
+    clause = "FROM tags t CROSS JOIN events e ON e.seq = t.seq AND t.name = ? AND " + _in("t.value", values, params)
+    return clause, "t.created_at", tag
+
+
+def compile_filter(f: Filter, limit: int, now: int) -> Compiled:
+    """SQL selecting (created_at, id, raw) of live events matching `f`, newest first, at most `limit`.
+
+    `now` is unix seconds, for NIP-40 expiry.
+    """
+    params: list = []
+    from_clause, time_column, tag = _from_clause(f, params)
+    where = " AND ".join(_conditions(f, now, params, time_column, tag))
+    params.append(limit)
+    sql = f"SELECT e.created_at, e.id, e.raw {from_clause} WHERE {where} ORDER BY {time_column} DESC, e.id LIMIT ?"
+    return Compiled(sql, tuple(params))
+
+
+def compile_count(f: Filter, now: int) -> Compiled:
+    """SQL selecting the ids of all live events matching `f` (NIP-45 counts ignore `limit`)."""
+    params: list = []
+    from_clause, time_column, tag = _from_clause(f, params)
+    where = " AND ".join(_conditions(f, now, params, time_column, tag))
+    return Compiled(f"SELECT e.id {from_clause} WHERE {where}", tuple(params))
+
+
+def run_query(conn: sqlite3.Connection, compiled: list[Compiled]) -> list[bytes]:
+    """Run the statements of one REQ and merge them: raw events newest first, each id once."""
+    if len(compiled) == 1:
+        c = compiled[0]
+        return [row[2] for row in conn.execute(c.sql, c.params)]
+    rows = {}
+    for c in compiled:
+        for created_at, id_, raw in conn.execute(c.sql, c.params):
+            rows[id_] = (-created_at, id_, raw)
+    return [row[2] for row in sorted(rows.values())]
+
+
+def run_count(conn: sqlite3.Connection, compiled: list[Compiled]) -> int:
+    """NIP-45: the number of distinct live events matching any of the `compile_count` statements."""
+    union = " UNION ".join(c.sql for c in compiled)
+    params = tuple(p for c in compiled for p in c.params)
+    return conn.execute(f"SELECT COUNT(*) FROM ({union})", params).fetchone()[0]

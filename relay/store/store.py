@@ -1,0 +1,214 @@
+"""The store: one writer task with group commit, and a pool of read connections.
+
+How this works: `submit` puts a validated event on a bounded queue and waits.
+The writer task takes everything queued (up to `max_batch`), applies it with
+`writes.apply_batch` in one transaction on the single write connection, and
+only after COMMIT resolves each waiter with its (accepted, message) outcome
+and hands the `Changes` to listeners (live fan-out).  A full queue makes
+`submit` wait, which is the back-pressure that stops connections reading.
+Reads borrow a connection from the pool for one whole job (WAL: they never
+wait on the writer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiosqlite
+import structlog
+
+from relay.protocol.event import Event
+from relay.protocol.filters import Filter
+from relay.store import db
+from relay.store.queries import compile_count, compile_filter, run_count, run_query
+from relay.store.writes import Changes, Write, apply_batch, purge_expired
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreOptions:
+    """Store tuning: counts of events and connections, seconds."""
+
+    synchronous: str = "normal"
+    read_connections: int = 4
+    writer_queue_size: int = 4096
+    max_batch: int = 1024
+    purge_batch: int = 1000
+
+
+class StoreFailed(RuntimeError):
+    """The writer hit a database error; the store accepts nothing more."""
+
+
+class Store:
+    """Events in one SQLite file (WAL): `submit` writes, `query`/`count` read.
+
+    Open with `await Store.open(path, options)`; close with `await close()`,
+    which first drains the writer queue.
+    """
+
+    def __init__(self, path: Path, options: StoreOptions) -> None:
+        self.path = path
+        self.options = options
+        self._writer_conn: aiosqlite.Connection | None = None
+        self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
+        self._queue: asyncio.Queue = asyncio.Queue(maxsize=options.writer_queue_size)
+        self._writer_task: asyncio.Task | None = None
+        self._listeners: list[Callable[[Changes], None]] = []
+        self._failure: BaseException | None = None
+
+    @classmethod
+    async def open(cls, path: Path | str, options: StoreOptions = StoreOptions()) -> Store:
+        """Open (creating and migrating) the database at `path` and start the writer."""
+        store = cls(Path(path), options)
+        store.path.parent.mkdir(parents=True, exist_ok=True)
+        store._writer_conn = await db.connect(store.path, options.synchronous)
+        await db.run(store._writer_conn, db.migrate)
+        for _ in range(options.read_connections):
+            store._readers.put_nowait(await db.connect(store.path, readonly=True))
+        store._writer_task = asyncio.create_task(store._writer_loop(), name="store-writer")
+        return store
+
+    @property
+    def writer_task(self) -> asyncio.Task:
+        """The writer task; it ends with `StoreFailed` when the database fails."""
+        assert self._writer_task is not None
+        return self._writer_task
+
+    def add_listener(self, listener: Callable[[Changes], None]) -> None:
+        """Call `listener(changes)` on the event loop after every commit."""
+        self._listeners.append(listener)
+
+    async def submit(self, event: Event, origin: str = "") -> tuple[bool, str]:
+        """Queue a validated event and wait until its transaction has committed.
+
+        Returns (accepted, message) for the NIP-01 OK reply.
+
+        Raises:
+            StoreFailed: the writer has stopped on a database error.
+        """
+        if self._failure is not None:
+            raise StoreFailed(str(self._failure))
+        future = asyncio.get_running_loop().create_future()
+        await self._queue.put((Write(event, origin), future))
+        return await future
+
+    async def purge_expired(self) -> int:
+        """NIP-40: remove events whose expiration has passed, through the writer. Returns how many."""
+        future = asyncio.get_running_loop().create_future()
+        await self._queue.put((None, future))
+        return await future
+
+    async def _writer_loop(self) -> None:
+        queue = self._queue
+        while True:
+            batch = [await queue.get()]
+            while len(batch) < self.options.max_batch and not queue.empty():
+                batch.append(queue.get_nowait())
+            try:
+                await self._write(batch)
+            except Exception as exc:
+                self._failure = exc
+                log.error("writer_failed", error=repr(exc))
+                self._fail_waiters(batch, exc)
+                raise StoreFailed(f"database write failed: {exc!r}") from exc
+            finally:
+                for _ in batch:
+                    queue.task_done()
+
+    async def _write(self, batch: list) -> None:
+        writes = [(w, f) for w, f in batch if w is not None]
+        purges = [f for w, f in batch if w is None]
+        if writes:
+            outcomes, changes = await db.run(self._writer_conn, apply_batch, [w for w, _ in writes])
+            for (_, future), outcome in zip(writes, outcomes):
+                if not future.done():
+                    future.set_result(outcome)
+            self._notify(changes)
+        for future in purges:
+            changes = await db.run(self._writer_conn, purge_expired, int(time.time()), self.options.purge_batch)
+            self._notify(changes)
+            if not future.done():
+                future.set_result(len(changes.removed))
+
+    def _notify(self, changes: Changes) -> None:
+        for listener in self._listeners:
+            listener(changes)
+
+    def _fail_waiters(self, batch: list, exc: BaseException) -> None:
+        for _, future in batch:
+            if not future.done():
+                future.set_exception(StoreFailed(str(exc)))
+        while not self._queue.empty():
+            _, future = self._queue.get_nowait()
+            self._queue.task_done()
+            if not future.done():
+                future.set_exception(StoreFailed(str(exc)))
+
+    async def _read(self, fn, *args):
+        conn = await self._readers.get()
+        try:
+            return await db.run(conn, fn, *args)
+        finally:
+            self._readers.put_nowait(conn)
+
+    async def query(self, filters: list[Filter], default_limit: int, max_limit: int) -> list[bytes]:
+        """Raw JSON of the live events matching any filter, newest first (ties: lowest id).
+
+        Each filter keeps its own `limit` (`default_limit` when absent,
+        clamped to `max_limit`); `limit: 0` and empty filters select nothing.
+        """
+        now = int(time.time())
+        compiled = [
+            compile_filter(f, min(max_limit, default_limit if f.limit is None else f.limit), now)
+            for f in filters
+            if not f.is_empty() and f.limit != 0
+        ]
+        if not compiled:
+            return []
+        return await self._read(run_query, compiled)
+
+    async def count(self, filters: list[Filter]) -> int:
+        """NIP-45: how many distinct live events match any of `filters`."""
+        now = int(time.time())
+        compiled = [compile_count(f, now) for f in filters if not f.is_empty()]
+        if not compiled:
+            return 0
+        return await self._read(run_count, compiled)
+
+    async def scan(self, f: Filter, chunk_rows: int = 1000) -> AsyncIterator[bytes]:
+        """Yield the raw JSON of every live event matching `f`, newest first, without limit.
+
+        Holds one read connection (one snapshot) until the iteration ends.
+        """
+        conn = await self._readers.get()
+        compiled = compile_filter(f, -1, int(time.time()))  # SQLite: a negative LIMIT is no limit
+        cursor = None
+        try:
+            cursor = await db.run(conn, lambda c: c.execute(compiled.sql, compiled.params))
+            while rows := await db.run(conn, lambda c: cursor.fetchmany(chunk_rows)):
+                for row in rows:
+                    yield row[2]
+        finally:
+            if cursor is not None:
+                await db.run(conn, lambda c: cursor.close())
+            self._readers.put_nowait(conn)
+
+    async def close(self) -> None:
+        """Drain the writer queue, stop the writer and close every connection."""
+        if self._writer_task is not None and not self._writer_task.done():
+            await self._queue.join()
+            self._writer_task.cancel()
+            try:
+                await self._writer_task
+            except (asyncio.CancelledError, StoreFailed):
+                pass
+        while not self._readers.empty():
+            await self._readers.get_nowait().close()
+        if self._writer_conn is not None:
+            await self._writer_conn.close()
