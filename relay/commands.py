@@ -10,22 +10,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from relay.config import Config
 from relay.protocol.envelopes import loads
-from relay.protocol.event import EventLimits
 from relay.protocol.filters import parse_filter
 from relay.protocol.rejection import Rejection
-from relay.store.store import Store, StoreOptions
+from relay.store.store import Store
 from relay.transfer import import_lines
-
-
-def _options(config: Config) -> StoreOptions:
-    s = config.store
-    return StoreOptions(synchronous=s.synchronous, read_connections=1,
-                        writer_queue_size=s.writer_queue_size, max_batch=s.max_batch)
-
-
-def _limits(config: Config) -> EventLimits:
-    lim = config.limits
-    return EventLimits(lim.max_event_tags, lim.max_content_bytes, lim.max_created_at_future_seconds)
 
 
 async def run_import(config: Config, path: Path) -> int:
@@ -36,14 +24,14 @@ async def run_import(config: Config, path: Path) -> int:
     except OSError as exc:
         console.print(f"relay import: {exc}")
         return 2
-    store = await Store.open(config.store.path, _options(config))
+    store = await Store.open(config.store.path, config.store.options(read_connections=1))
     try:
         with source:
             total = None if source is sys.stdin.buffer else sum(1 for _ in path.open("rb"))
             with Progress(TextColumn("importing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                           console=console, disable=not console.is_terminal) as bar:
                 task = bar.add_task("import", total=total)
-                report = await import_lines(store, source, _limits(config), config.store.verify_threads,
+                report = await import_lines(store, source, config.limits.event_limits(), config.store.verify_threads,
                                             lambda n: bar.advance(task, n))
     finally:
         await store.close()
@@ -61,7 +49,7 @@ async def run_export(config: Config, filter_json: str, output: Path | None) -> i
     except Rejection as exc:
         print(f"relay export: bad --filter: {exc}", file=sys.stderr)
         return 2
-    store = await Store.open(config.store.path, _options(config))
+    store = await Store.open(config.store.path, config.store.options(read_connections=1))
     try:
         out = output.open("wb") if output else sys.stdout.buffer
         with out:

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relay.protocol.event import EventLimits
+from relay.store.store import StoreOptions
+
 ENV_PREFIX = "RELAY_"
 
 
@@ -58,6 +61,10 @@ class LimitsConfig:
     max_events_in_flight: int = 1_024
     max_live_queue: int = 2_048
 
+    def event_limits(self) -> EventLimits:
+        """The per-event limits `parse_event` checks."""
+        return EventLimits(self.max_event_tags, self.max_content_bytes, self.max_created_at_future_seconds)
+
 
 @dataclass(frozen=True)
 class StoreConfig:
@@ -69,7 +76,15 @@ class StoreConfig:
     writer_queue_size: int = 4_096
     max_batch: int = 1_024
     expiry_purge_interval_seconds: float = 60.0
+    checkpoint_interval_seconds: float = 1.0
     verify_threads: int = 2
+
+    def options(self, read_connections: int | None = None) -> StoreOptions:
+        """The Store's options; `read_connections` overrides the pool size (offline commands need one)."""
+        return StoreOptions(
+            synchronous=self.synchronous, read_connections=read_connections or self.read_connections,
+            writer_queue_size=self.writer_queue_size, max_batch=self.max_batch,
+            checkpoint_interval_seconds=self.checkpoint_interval_seconds)
 
 
 @dataclass(frozen=True)
@@ -198,5 +213,8 @@ def _check_consistency(config: Config) -> None:
     limits = config.limits
     if limits.default_limit > limits.max_limit:
         raise ConfigError("limits.default_limit: must not exceed limits.max_limit")
+    if limits.max_live_queue <= config.store.max_batch:
+        # One commit can queue a whole batch for a reader at once.
+        raise ConfigError("limits.max_live_queue: must exceed store.max_batch")
     if limits.max_message_bytes < 1024:
         raise ConfigError("limits.max_message_bytes: must be at least 1024")

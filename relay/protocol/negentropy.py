@@ -300,9 +300,9 @@ class SortedVector:
         self._ts = ts[order]
         self._ids = np.ascontiguousarray(ids[order])
         _reject_duplicate_ids(self._ids)
-        self._id_view = memoryview(self._ids).cast("B")
+        self._id_view = _byte_view(self._ids)
         self._prefix = _prefix_sums(self._ids)
-        self._prefix_view = memoryview(self._prefix).cast("B")
+        self._prefix_view = _byte_view(self._prefix)
         self._sealed = True
         self._pending_ts = self._pending_ids = self._one_ts = self._one_ids = []
 
@@ -376,6 +376,11 @@ class SortedVector:
     def _check_unsealed(self) -> None:
         if self._sealed:
             raise NegentropyError("storage already sealed")
+
+
+def _byte_view(arr: np.ndarray) -> memoryview:
+    """Flat byte view of a C-contiguous array (without copying)."""
+    return memoryview(arr).cast("B") if arr.size else memoryview(b"")
 
 
 def _as_timestamp_array(timestamps: np.ndarray | Iterable[int]) -> np.ndarray:

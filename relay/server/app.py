@@ -19,12 +19,12 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from relay.config import Config
-from relay.protocol.event import Event, EventLimits, is_ephemeral
+from relay.protocol.event import Event, is_ephemeral
 from relay.server import nip11
 from relay.server.connection import Connection
 from relay.server.subscriptions import SubscriptionIndex
 from relay.server.verifier import Verifier
-from relay.store.store import Store, StoreOptions
+from relay.store.store import Store
 from relay.store.writes import Changes
 
 log = structlog.get_logger(__name__)
@@ -38,11 +38,7 @@ class Relay:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.event_limits = EventLimits(
-            max_tags=config.limits.max_event_tags,
-            max_content_bytes=config.limits.max_content_bytes,
-            max_created_at_future_seconds=config.limits.max_created_at_future_seconds,
-        )
+        self.event_limits = config.limits.event_limits()
         self.subscriptions = SubscriptionIndex()
         self.verifier = Verifier(config.store.verify_threads)
         self.store: Store | None = None
@@ -54,9 +50,7 @@ class Relay:
     async def start(self) -> None:
         """Open the store and start listening on `config.server` (port 0: any free port)."""
         s = self.config.store
-        self.store = await Store.open(s.path, StoreOptions(
-            synchronous=s.synchronous, read_connections=s.read_connections,
-            writer_queue_size=s.writer_queue_size, max_batch=s.max_batch))
+        self.store = await Store.open(s.path, s.options())
         self.store.add_listener(self._on_commit)
         self.server = await serve(
             self._handle, self.config.server.host, self.config.server.port,

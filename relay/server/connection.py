@@ -1,13 +1,16 @@
 """One WebSocket client: frames in, replies out.
 
 How this works: the read loop parses each frame and dispatches it by verb.
-EVENTs run as tasks, at most `max_events_in_flight` at once; when that many
-wait (for signature checks or a full writer queue) the loop stops reading,
-which is the back-pressure.  A REQ registers its live subscription first,
+EVENTs run as tasks, at most `max_events_in_flight` at once; a task's slot is
+freed only when its OK has been written to the socket, so a client that
+publishes faster than the relay stores, or does not read its OKs, stops
+being read (back-pressure).  A REQ registers its live subscription first,
 then a task sends the stored results (paced by the socket's send buffer) and
-EOSE, then the live events that arrived meanwhile, de-duplicated.  Live
-events go through a bounded queue drained by a sender task; a reader that
-lets it overflow is disconnected and counted, so it slows no one else.
+EOSE, then the live events that arrived meanwhile, de-duplicated.  OKs and
+live events wait in one outgoing queue that a sender task writes in batches;
+a reader that lets more than `max_live_queue` live events pile up is
+disconnected and counted, so it slows no one else.  Other replies (NOTICE,
+CLOSED, COUNT) are written by the read loop itself, which waits for them.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 _ID_SLICE = slice(7, 71)  # the id inside our canonical JSON: {"id":"<64 hex>",...
+_STORED_CHUNK = 64  # stored events written per flow-control wait
 
 
 class LiveSubscription:
@@ -63,7 +67,7 @@ class LiveSubscription:
     def deliver(self, event: Event) -> None:
         """Take a matching new event without blocking (buffered until EOSE)."""
         if self.pending is None:
-            self.connection.push(encode_event(self.sub_id, event.raw))
+            self.connection.push_live(encode_event(self.sub_id, event.raw))
         elif len(self.pending) < self.connection.relay.config.limits.max_live_queue:
             self.pending.append(event)
         else:
@@ -76,22 +80,25 @@ class Connection:
     def __init__(self, ws: ServerConnection, relay: Relay) -> None:
         self.ws = ws
         self.relay = relay
-        limits = relay.config.limits
         self.subscriptions: dict[str, LiveSubscription] = {}
-        self._event_slots = asyncio.Semaphore(limits.max_events_in_flight)
-        self._live: deque[bytes] = deque()
-        self._live_ready = asyncio.Event()
+        self._limits = relay.config.limits
+        self._event_slots = asyncio.Semaphore(self._limits.max_events_in_flight)
+        self._out: deque[bytes] = deque()
+        self._out_ready = asyncio.Event()
+        self._queued_live = 0
+        self._queued_oks = 0
         self._closing = False
 
     async def run(self) -> None:
         """Read frames until the socket closes, then release everything held."""
-        sender = asyncio.create_task(self._send_live())
+        sender = asyncio.create_task(self._send_queued())
         try:
             async for message in self.ws:
                 await self._dispatch(message)
         except ConnectionClosed:
             pass
         finally:
+            self._closing = True
             sender.cancel()
             for sub_id in list(self.subscriptions):
                 self._unsubscribe(sub_id)
@@ -99,12 +106,10 @@ class Connection:
     async def _dispatch(self, message: str | bytes) -> None:
         # The one broad catch of the message loop: a bug answers NOTICE, never kills the socket.
         try:
-            envelope = parse_client_message(message, self.relay.config.limits.max_filters,
-                                            self.relay.config.limits.max_filter_items)
+            envelope = parse_client_message(message, self._limits.max_filters, self._limits.max_filter_items)
             if type(envelope) is EventEnvelope:
                 await self._event_slots.acquire()
-                task = asyncio.create_task(self._event(envelope.event))
-                task.add_done_callback(lambda _: self._event_slots.release())
+                asyncio.create_task(self._event(envelope.event))
             elif type(envelope) is ReqEnvelope:
                 await self._req(envelope)
             elif type(envelope) is CountEnvelope:
@@ -129,33 +134,39 @@ class Connection:
 
     async def send(self, message: bytes) -> None:
         """Send one UTF-8 JSON message as a text frame (waits while the send buffer is full)."""
-        await self.ws.send(message, text=True)
+        await self.send_many((message,))
+
+    async def send_many(self, messages) -> None:
+        """Write UTF-8 JSON messages as text frames, then wait while the send buffer is full.
+
+        websockets' `send_context` is the primitive its own `send` uses; one
+        context per batch pays the flow-control wait once, not per message.
+
+        Raises:
+            ConnectionClosed: the socket is closed.
+        """
+        async with self.ws.send_context():
+            for message in messages:
+                self.ws.protocol.send_text(message)
 
     async def _event(self, obj: object) -> None:
         ref = obj.get("id") if type(obj) is dict else None
         try:
-            event = parse_event(obj, self.relay.event_limits, time.time())
-            policies.check_event(event, time.time())
+            now = time.time()
+            event = parse_event(obj, self.relay.event_limits, now)
+            policies.check_event(event, now)
             if not await self.relay.verifier.verify(event):
                 raise Rejection("invalid", "bad signature")
             accepted, message = await self.relay.accept(event)
         except Rejection as rejection:
             accepted, message = False, str(rejection)
-        except ConnectionClosed:
-            return
         except Exception as exc:
             accepted, message = False, self.relay.internal_error("event_failed", exc, event_id=ref)
-        try:
-            if is_hex64(ref):
-                await self.send(encode_ok(ref, accepted, message))
-            else:
-                await self.send(encode_notice(message))
-        except ConnectionClosed:
-            pass
+        self._push_ok(encode_ok(ref, accepted, message) if is_hex64(ref) else encode_notice(message))
 
     async def _req(self, req: ReqEnvelope) -> None:
         self._unsubscribe(req.sub_id)
-        limit = self.relay.config.limits.max_subscriptions
+        limit = self._limits.max_subscriptions
         if len(self.subscriptions) >= limit:
             await self.send(encode_closed(req.sub_id, f"rate-limited: too many subscriptions (max {limit})"))
             return
@@ -166,31 +177,28 @@ class Connection:
         sub.task = asyncio.create_task(self._serve_stored(sub))
 
     async def _serve_stored(self, sub: LiveSubscription) -> None:
-        limits = self.relay.config.limits
         try:
-            stored = await self.relay.store.query(sub.filters, limits.default_limit, limits.max_limit)
-            for raw in stored:
-                await self.send(encode_event(sub.sub_id, raw))
-            await self.send(encode_eose(sub.sub_id))
+            stored = await self.relay.store.query(sub.filters, self._limits.default_limit, self._limits.max_limit)
+            messages = [encode_event(sub.sub_id, raw) for raw in stored]
+            messages.append(encode_eose(sub.sub_id))
+            for start in range(0, len(messages), _STORED_CHUNK):
+                await self.send_many(messages[start:start + _STORED_CHUNK])
         except ConnectionClosed:
             return
         except Exception as exc:
             message = self.relay.internal_error("req_failed", exc, sub_id=sub.sub_id)
             self._unsubscribe(sub.sub_id)
-            await self._send_quietly(encode_closed(sub.sub_id, message))
+            try:
+                await self.send(encode_closed(sub.sub_id, message))
+            except ConnectionClosed:
+                pass
             return
         pending, sub.pending = sub.pending, None
         if pending:
             sent = {raw[_ID_SLICE] for raw in stored}
             for event in pending:
                 if event.id.encode() not in sent:
-                    self.push(encode_event(sub.sub_id, event.raw))
-
-    async def _send_quietly(self, message: bytes) -> None:
-        try:
-            await self.send(message)
-        except ConnectionClosed:
-            pass
+                    self.push_live(encode_event(sub.sub_id, event.raw))
 
     async def _count(self, req: CountEnvelope) -> None:
         try:
@@ -208,33 +216,45 @@ class Connection:
         if sub.task is not None and not sub.task.done():
             sub.task.cancel()
 
-    def push(self, message: bytes) -> None:
-        """Queue a live message; a queue past `max_live_queue` disconnects this slow reader."""
+    def _push_ok(self, message: bytes) -> None:
+        # The EVENT's slot is freed when this reply has been written (see _send_queued).
+        self._out.append(message)
+        self._queued_oks += 1
+        self._out_ready.set()
+
+    def push_live(self, message: bytes) -> None:
+        """Queue a live message; more than `max_live_queue` waiting disconnects this slow reader."""
         if self._closing:
             return
-        self._live.append(message)
-        if len(self._live) > self.relay.config.limits.max_live_queue:
+        self._out.append(message)
+        self._queued_live += 1
+        if self._queued_live > self._limits.max_live_queue:
             self.drop_slow_reader()
         else:
-            self._live_ready.set()
+            self._out_ready.set()
 
     def drop_slow_reader(self) -> None:
         """Disconnect a reader that cannot keep up with live events (counted)."""
         if self._closing:
             return
         self._closing = True
-        self._live.clear()
+        self._out.clear()
         self.relay.slow_reader_dropped()
         for sub_id in list(self.subscriptions):
             self._unsubscribe(sub_id)
         asyncio.create_task(self.ws.close(1008, "slow reader: live events not read in time"))
 
-    async def _send_live(self) -> None:
+    async def _send_queued(self) -> None:
         try:
             while True:
-                await self._live_ready.wait()
-                self._live_ready.clear()
-                while self._live:
-                    await self.send(self._live.popleft())
+                await self._out_ready.wait()
+                self._out_ready.clear()
+                while self._out:
+                    batch = list(self._out)
+                    self._out.clear()
+                    oks, self._queued_oks, self._queued_live = self._queued_oks, 0, 0
+                    await self.send_many(batch)
+                    for _ in range(oks):
+                        self._event_slots.release()
         except ConnectionClosed:
             pass

@@ -18,6 +18,8 @@ import aiosqlite
 T = TypeVar("T")
 
 SYNCHRONOUS_MODES = ("off", "normal", "full", "extra")
+# With a checkpointer task, the writer checkpoints itself only if the WAL passes this many pages (~256 MiB).
+FALLBACK_AUTOCHECKPOINT_PAGES = 65536
 
 
 def migrations() -> list[tuple[int, str]]:
@@ -49,7 +51,7 @@ def migrate(conn: sqlite3.Connection) -> int:
     return version
 
 
-def _configure(conn: sqlite3.Connection, synchronous: str, readonly: bool) -> None:
+def _configure(conn: sqlite3.Connection, synchronous: str, readonly: bool, autocheckpoint_pages: int) -> None:
     conn.execute("PRAGMA busy_timeout = 5000")
     conn.execute("PRAGMA temp_store = MEMORY")
     conn.execute("PRAGMA cache_size = -65536")  # KiB: 64 MiB page cache per connection
@@ -59,10 +61,14 @@ def _configure(conn: sqlite3.Connection, synchronous: str, readonly: bool) -> No
     else:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+        conn.execute(f"PRAGMA wal_autocheckpoint = {autocheckpoint_pages:d}")
 
 
-async def connect(path: Path, synchronous: str = "normal", readonly: bool = False) -> aiosqlite.Connection:
+async def connect(path: Path, synchronous: str = "normal", readonly: bool = False,
+                  autocheckpoint_pages: int = 1000) -> aiosqlite.Connection:
     """Open one aiosqlite connection in autocommit mode with our pragmas (WAL).
+
+    `autocheckpoint_pages` is SQLite's `wal_autocheckpoint` for a writing connection.
 
     Read connections return TEXT as bytes, so stored event JSON goes to the
     socket without a decode/encode round trip.
@@ -70,7 +76,7 @@ async def connect(path: Path, synchronous: str = "normal", readonly: bool = Fals
     if synchronous not in SYNCHRONOUS_MODES:
         raise ValueError(f"synchronous must be one of {SYNCHRONOUS_MODES}")
     conn = await aiosqlite.connect(path, isolation_level=None, check_same_thread=False)
-    await run(conn, _configure, synchronous, readonly)
+    await run(conn, _configure, synchronous, readonly, autocheckpoint_pages)
     if readonly:
         conn.text_factory = bytes
     return conn

@@ -39,6 +39,7 @@ class StoreOptions:
     writer_queue_size: int = 4096
     max_batch: int = 1024
     purge_batch: int = 1000
+    checkpoint_interval_seconds: float = 1.0
 
 
 class StoreFailed(RuntimeError):
@@ -59,6 +60,8 @@ class Store:
         self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
         self._queue: asyncio.Queue = asyncio.Queue(maxsize=options.writer_queue_size)
         self._writer_task: asyncio.Task | None = None
+        self._checkpoint_conn: aiosqlite.Connection | None = None
+        self._checkpoint_task: asyncio.Task | None = None
         self._listeners: list[Callable[[Changes], None]] = []
         self._failure: BaseException | None = None
 
@@ -67,12 +70,27 @@ class Store:
         """Open (creating and migrating) the database at `path` and start the writer."""
         store = cls(Path(path), options)
         store.path.parent.mkdir(parents=True, exist_ok=True)
-        store._writer_conn = await db.connect(store.path, options.synchronous)
+        store._writer_conn = await db.connect(
+            store.path, options.synchronous,
+            autocheckpoint_pages=db.FALLBACK_AUTOCHECKPOINT_PAGES if options.checkpoint_interval_seconds > 0 else 1000)
         await db.run(store._writer_conn, db.migrate)
         for _ in range(options.read_connections):
             store._readers.put_nowait(await db.connect(store.path, readonly=True))
         store._writer_task = asyncio.create_task(store._writer_loop(), name="store-writer")
+        if options.checkpoint_interval_seconds > 0:
+            store._checkpoint_conn = await db.connect(store.path, options.synchronous)
+            store._checkpoint_task = asyncio.create_task(store._checkpoint_loop(), name="store-checkpoint")
         return store
+
+    async def _checkpoint_loop(self) -> None:
+        # WAL checkpoints write pages back and fsync; done here, on a connection
+        # of their own, the writer never waits for them (PASSIVE takes no lock).
+        while True:
+            await asyncio.sleep(self.options.checkpoint_interval_seconds)
+            try:
+                await self._checkpoint_conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            except aiosqlite.Error as exc:
+                log.warning("checkpoint_failed", error=repr(exc))
 
     @property
     def writer_task(self) -> asyncio.Task:
@@ -208,6 +226,9 @@ class Store:
                 await self._writer_task
             except (asyncio.CancelledError, StoreFailed):
                 pass
+        if self._checkpoint_task is not None:
+            self._checkpoint_task.cancel()
+            await self._checkpoint_conn.close()
         while not self._readers.empty():
             await self._readers.get_nowait().close()
         if self._writer_conn is not None:

@@ -1,0 +1,44 @@
+"""Shared fixtures: a real relay on an ephemeral loopback port with a real SQLite file."""
+
+from __future__ import annotations
+
+import pytest
+
+from relay.config import load_config
+from relay.server.app import Relay
+from tests.helpers import Client, Keys
+
+
+def make_config(tmp_path, **sections):
+    """A Config on `tmp_path/relay.db`, port 0, with `sections` overriding (section -> {key: value})."""
+    overrides = {"store": {"path": str(tmp_path / "relay.db")}, "server": {"port": 0}}
+    for section, values in sections.items():
+        overrides.setdefault(section, {}).update(values)
+    return load_config(None, {}, overrides)
+
+
+@pytest.fixture
+async def relay(tmp_path):
+    """A started in-process relay; stopped after the test."""
+    server = Relay(make_config(tmp_path))
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def client(relay):
+    """A raw WebSocket client connected to `relay`."""
+    c = await Client.connect(relay.url)
+    yield c
+    await c.close()
+
+
+@pytest.fixture
+def alice() -> Keys:
+    return Keys(0xA11CE)
+
+
+@pytest.fixture
+def bob() -> Keys:
+    return Keys(0xB0B)

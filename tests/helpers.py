@@ -1,0 +1,84 @@
+"""Test helpers: signing keys, event construction, a small WebSocket client."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import orjson
+import websockets
+from coincurve import PrivateKey
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+REAL_EVENTS = DATA / "all_real_valid_dedup.jsonl"
+
+
+class Keys:
+    """A BIP-340 key pair for signing test events."""
+
+    def __init__(self, secret: int | bytes) -> None:
+        raw = secret.to_bytes(32, "big") if isinstance(secret, int) else secret
+        self.private = PrivateKey(raw)
+        self.pubkey = self.private.public_key_xonly.format().hex()
+
+    def sign(self, kind: int = 1, content: str = "", tags: list | None = None,
+             created_at: int | None = None) -> dict:
+        """A signed NIP-01 event as a JSON-ready dict."""
+        tags = tags or []
+        created_at = int(time.time()) if created_at is None else created_at
+        preimage = json.dumps([0, self.pubkey, created_at, kind, tags, content],
+                              separators=(",", ":"), ensure_ascii=False).encode()
+        event_id = hashlib.sha256(preimage).hexdigest()
+        sig = self.private.sign_schnorr(bytes.fromhex(event_id)).hex()
+        return {"id": event_id, "pubkey": self.pubkey, "created_at": created_at, "kind": kind,
+                "tags": tags, "content": content, "sig": sig}
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Every non-blank line of a JSONL file, decoded."""
+    # split on "\n" only: str.splitlines() would also split inside U+2028 in content
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+
+
+class Client:
+    """A raw NIP-01 client over a real WebSocket: send lists, receive decoded messages."""
+
+    def __init__(self, ws) -> None:
+        self.ws = ws
+
+    @classmethod
+    async def connect(cls, url: str, **kwargs) -> Client:
+        return cls(await websockets.connect(url, max_size=None, **kwargs))
+
+    async def send(self, message) -> None:
+        await self.ws.send(message if isinstance(message, (str, bytes)) else json.dumps(message))
+
+    async def recv(self, timeout: float = 5.0):
+        return orjson.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+
+    async def publish(self, event: dict) -> list:
+        """Send an EVENT and return its OK reply."""
+        await self.send(["EVENT", event])
+        while True:
+            reply = await self.recv()
+            if reply[0] == "OK" and reply[1] == event["id"]:
+                return reply
+
+    async def req(self, sub_id: str, *filters: dict) -> list[dict]:
+        """Send a REQ and collect stored events up to EOSE (raises on CLOSED)."""
+        await self.send(["REQ", sub_id, *filters])
+        events = []
+        while True:
+            reply = await self.recv()
+            if reply[0] == "EVENT" and reply[1] == sub_id:
+                events.append(reply[2])
+            elif reply[0] == "EOSE" and reply[1] == sub_id:
+                return events
+            elif reply[0] == "CLOSED" and reply[1] == sub_id:
+                raise AssertionError(f"subscription closed: {reply}")
+
+    async def close(self) -> None:
+        await self.ws.close()
