@@ -28,6 +28,11 @@ def is_hex64(value: object) -> bool:
     return type(value) is str and len(value) == 64 and _HEX64.fullmatch(value) is not None
 
 
+def is_decimal(text: str) -> bool:
+    """True for a non-empty string of ASCII digits 0-9 only (str.isdigit also accepts "²" and "３")."""
+    return text.isascii() and text.isdigit()
+
+
 def is_replaceable(kind: int) -> bool:
     """NIP-01: kinds 0, 3 and 10000-19999 keep one event per (kind, pubkey)."""
     return kind == 0 or kind == 3 or 10000 <= kind < 20000
@@ -134,7 +139,7 @@ def _first_tag_value(tags: list, name: str) -> str | None:
 def _expiration(tags: list) -> int | None:
     value = _first_tag_value(tags, "expiration")
     # NIP-40: a value that is not a unix timestamp carries no expiry.
-    if value is None or not value.isdigit() or len(value) > 18:
+    if value is None or not is_decimal(value) or len(value) > 18:
         return None
     return int(value)
 

@@ -80,6 +80,7 @@ MIN_FRAME_SIZE_LIMIT = 4096
 _FRAME_MARGIN = 200  # the reference stops filling a frame 200 bytes early
 _MOD256 = (1 << 256) - 1
 _ZERO_ID = bytes(ID_SIZE)
+_ONE_BYTE = [bytes([n]) for n in range(0x80)]
 
 
 class NegentropyError(ValueError):
@@ -136,6 +137,8 @@ def encode_varint(n: int) -> bytes:
     Base-128 digits, most significant first, high bit set on every byte but
     the last.  Raises NegentropyError for negative numbers.
     """
+    if 0 <= n < 0x80:
+        return _ONE_BYTE[n]
     if n < 0:
         raise NegentropyError(f"cannot encode negative varint {n}")
     out = [n & 0x7F]
@@ -200,10 +203,10 @@ def _as_id_array(ids: np.ndarray | Iterable[bytes]) -> np.ndarray:
                 return np.zeros((0, ID_SIZE), np.uint8)
             raise NegentropyError(f"id array must have shape (n, 32), not {arr.shape}")
         return arr
-    blob = b"".join(ids)
-    if len(blob) % ID_SIZE:
+    id_list = list(ids)
+    if any(len(id_) != ID_SIZE for id_ in id_list):
         raise NegentropyError("ids must be 32 bytes each")
-    return np.frombuffer(blob, np.uint8).reshape(-1, ID_SIZE)
+    return np.frombuffer(b"".join(id_list), np.uint8).reshape(-1, ID_SIZE)
 
 
 def _combine_limbs(limbs: np.ndarray) -> int:
@@ -277,8 +280,8 @@ class SortedVector:
         self._check_unsealed()
         if type(timestamp) is not int or not 0 <= timestamp < INFINITY:
             raise NegentropyError(f"timestamp out of range: {timestamp!r}")
-        if len(id_) != ID_SIZE:
-            raise NegentropyError(f"id must be 32 bytes, not {len(id_)}")
+        if not isinstance(id_, (bytes, bytearray, memoryview)) or len(id_) != ID_SIZE:
+            raise NegentropyError(f"id must be 32 bytes, not {id_!r}")
         self._one_ts.append(timestamp)
         self._one_ids.append(bytes(id_))
 
@@ -296,10 +299,11 @@ class SortedVector:
         """Sort the items, reject duplicate ids and build the prefix sums."""
         self._check_unsealed()
         ts, ids = self._gather()
-        order = np.lexsort(_sort_keys(ts, ids))
+        order = _sort_order(ts, ids)
         self._ts = ts[order]
         self._ids = np.ascontiguousarray(ids[order])
         _reject_duplicate_ids(self._ids)
+        self._ts_view = _byte_view(self._ts).cast("Q")
         self._id_view = _byte_view(self._ids)
         self._prefix = _prefix_sums(self._ids)
         self._prefix_view = _byte_view(self._prefix)
@@ -321,18 +325,17 @@ class SortedVector:
         self._check_sealed()
         if not 0 <= i < len(self._ts):
             raise IndexError(f"item index {i} out of range")
-        return int(self._ts[i]), bytes(self._id_view[i * ID_SIZE : (i + 1) * ID_SIZE])
+        return self._ts_view[i], bytes(self._id_view[i * ID_SIZE : (i + 1) * ID_SIZE])
 
     def find_lower_bound(self, begin: int, end: int, bound: Bound) -> int:
         """First index in [begin, end) whose item is >= ``bound``, else ``end``."""
         self._check_range(begin, end)
-        ts = self._ts[begin:end]
-        key = np.uint64(bound.timestamp)
-        lo = begin + int(np.searchsorted(ts, key, "left"))
-        if bound.padded_id() == _ZERO_ID:
+        lo = bisect.bisect_left(self._ts_view, bound.timestamp, begin, end)
+        padded = bound.padded_id()
+        if padded == _ZERO_ID:
             return lo
-        hi = begin + int(np.searchsorted(ts, key, "right"))
-        return lo + bisect.bisect_left(range(lo, hi), bound.padded_id(), key=self._id_at)
+        hi = bisect.bisect_right(self._ts_view, bound.timestamp, lo, end)
+        return lo + bisect.bisect_left(range(lo, hi), padded, key=self._id_at)
 
     def _id_at(self, i: int) -> bytes:
         return bytes(self._id_view[i * ID_SIZE : (i + 1) * ID_SIZE])
@@ -402,10 +405,19 @@ def _as_timestamp_array(timestamps: np.ndarray | Iterable[int]) -> np.ndarray:
     return ts
 
 
-def _sort_keys(ts: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, ...]:
-    """np.lexsort keys, least significant first: id words (big-endian), then timestamp."""
-    words = ids.view(">u8").astype(np.uint64)
-    return (words[:, 3], words[:, 2], words[:, 1], words[:, 0], ts)
+def _sort_order(ts: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Permutation sorting items by (timestamp, id bytes).
+
+    Sorts on the timestamp and the id's first 8 bytes (big-endian, so byte
+    order is kept); only if two items tie on both does it sort on all 32 bytes.
+    """
+    words = ids.view(">u8").astype(np.uint64)  # (n, 4), most significant first
+    order = np.lexsort((words[:, 0], ts))
+    ts_sorted, first_sorted = ts[order], words[order, 0]
+    ties = (ts_sorted[1:] == ts_sorted[:-1]) & (first_sorted[1:] == first_sorted[:-1])
+    if ties.any():
+        order = np.lexsort((words[:, 3], words[:, 2], words[:, 1], words[:, 0], ts))
+    return order
 
 
 def _reject_duplicate_ids(ids: np.ndarray) -> None:
@@ -613,7 +625,10 @@ class Negentropy:
 
         ``next_msg`` is None when reconciliation is complete.  ``have_ids`` are
         32-byte ids only we hold (in storage order), ``need_ids`` ids only the
-        peer holds (in message order), found in this round.  Raises
+        peer holds (in message order), found in this round.  With a frame
+        limit an id can be reported again in a later round, as the reference
+        does (a frame that fills up drops the pending Skip, so settled ranges
+        are reconciled again): treat the results as sets.  Raises
         NegentropyError for a malformed or unsupported reply, or before
         `initiate`.
         """

@@ -85,7 +85,10 @@ def compile_filter(f: Filter, limit: int, now: int) -> Compiled:
     from_clause, time_column, tag = _from_clause(f, params)
     where = " AND ".join(_conditions(f, now, params, time_column, tag))
     params.append(limit)
-    sql = f"SELECT e.created_at, e.id, e.raw {from_clause} WHERE {where} ORDER BY {time_column} DESC, e.id LIMIT ?"
+    # One event can hold several of the driving tag's values: DISTINCT keeps it once.
+    distinct = "DISTINCT " if tag is not None and len(dict(f.tags)[tag]) > 1 else ""
+    sql = (f"SELECT {distinct}e.created_at, e.id, e.raw {from_clause} WHERE {where}"
+           f" ORDER BY {time_column} DESC, e.id LIMIT ?")
     return Compiled(sql, tuple(params))
 
 
@@ -111,6 +114,6 @@ def run_query(conn: sqlite3.Connection, compiled: list[Compiled]) -> list[bytes]
 
 def run_count(conn: sqlite3.Connection, compiled: list[Compiled]) -> int:
     """NIP-45: the number of distinct live events matching any of the `compile_count` statements."""
-    union = " UNION ".join(c.sql for c in compiled)
+    union = " UNION ALL ".join(c.sql for c in compiled)
     params = tuple(p for c in compiled for p in c.params)
-    return conn.execute(f"SELECT COUNT(*) FROM ({union})", params).fetchone()[0]
+    return conn.execute(f"SELECT COUNT(DISTINCT id) FROM ({union})", params).fetchone()[0]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass, field
 
-from relay.protocol.event import Event, is_addressable, is_hex64, is_replaceable
+from relay.protocol.event import Event, is_addressable, is_decimal, is_hex64, is_replaceable
 
 STORED = (True, "")
 DUPLICATE = (True, "duplicate: already have this event")
@@ -61,11 +61,22 @@ class Changes:
 _REMOVE_RETURNING = " RETURNING seq, id, pubkey, created_at, kind, d_tag"
 
 
-def _remove(cur: sqlite3.Cursor, where: str, params: tuple, changes: Changes) -> None:
+@dataclass(slots=True)
+class _Batch:
+    """Work in progress of one transaction: its Changes, and tag rows not yet written, by seq."""
+
+    changes: Changes = field(default_factory=Changes)
+    tag_rows: dict[int, set] = field(default_factory=dict)
+
+
+def _remove(cur: sqlite3.Cursor, where: str, params: tuple, batch: _Batch) -> None:
     rows = cur.execute("DELETE FROM events WHERE " + where + _REMOVE_RETURNING, params).fetchall()
     if rows:
+        # seq values are reused once the highest row is gone: drop unwritten tag rows now.
+        for r in rows:
+            batch.tag_rows.pop(r[0], None)
         cur.executemany("DELETE FROM tags WHERE seq = ?", [(r[0],) for r in rows])
-        changes.removed.extend(Removed(*r) for r in rows)
+        batch.changes.removed.extend(Removed(*r) for r in rows)
 
 
 def _is_newer(created_at: int, id_: bytes, than: tuple[int, bytes]) -> bool:
@@ -73,8 +84,13 @@ def _is_newer(created_at: int, id_: bytes, than: tuple[int, bytes]) -> bool:
     return created_at > than[0] or (created_at == than[0] and id_ < than[1])
 
 
-def _supersede(cur: sqlite3.Cursor, ev: Event, idb: bytes, pk: bytes, changes: Changes):
-    """Settle a replaceable/addressable event against its coordinate; None means insert it."""
+def _supersede(cur: sqlite3.Cursor, ev: Event, idb: bytes, pk: bytes, tombstoned: bool, batch: _Batch):
+    """Settle a replaceable/addressable event against its coordinate; None means insert it.
+
+    A newer version that was deleted before it arrived (`tombstoned`) still
+    supersedes the older ones and raises the high-water mark: the outcome must
+    not depend on whether the deletion came first.
+    """
     kind, d_tag = ev.kind, ev.d_tag if is_addressable(ev.kind) else ""
     key = (kind, pk, d_tag)
     row = cur.execute(
@@ -87,22 +103,22 @@ def _supersede(cur: sqlite3.Cursor, ev: Event, idb: bytes, pk: bytes, changes: C
     ).fetchone()
     if hwm is not None:
         if hwm[1] == idb:
-            return DUPLICATE
+            return DELETED if tombstoned else DUPLICATE
         if not _is_newer(ev.created_at, idb, hwm):
             return NEWER_VERSION
-    _remove(cur, "kind = ? AND pubkey = ? AND d_tag = ?", key, changes)
+    _remove(cur, "kind = ? AND pubkey = ? AND d_tag = ?", key, batch)
     cur.execute(
         "INSERT INTO coordinates (kind, pubkey, d_tag, created_at, id) VALUES (?, ?, ?, ?, ?)"
         " ON CONFLICT (kind, pubkey, d_tag) DO UPDATE SET created_at = excluded.created_at, id = excluded.id",
         (*key, ev.created_at, idb),
     )
-    return None
+    return DELETED if tombstoned else None
 
 
 def _parse_address(value: str, pk_hex: str) -> tuple[int, str] | None:
     """(kind, d_tag) of an `a` tag `kind:pubkey:d` that the deleter may delete, else None."""
     parts = value.split(":", 2)
-    if len(parts) != 3 or parts[1] != pk_hex or not parts[0].isdigit() or len(parts[0]) > 5:
+    if len(parts) != 3 or parts[1] != pk_hex or not is_decimal(parts[0]) or len(parts[0]) > 5:
         return None
     kind = int(parts[0])
     if is_replaceable(kind):
@@ -112,7 +128,7 @@ def _parse_address(value: str, pk_hex: str) -> tuple[int, str] | None:
     return None
 
 
-def _apply_deletion(cur: sqlite3.Cursor, ev: Event, idb: bytes, pk: bytes, changes: Changes) -> None:
+def _apply_deletion(cur: sqlite3.Cursor, ev: Event, idb: bytes, pk: bytes, batch: _Batch) -> None:
     """NIP-09: delete the author's own events named by `e` and `a` tags, and remember it."""
     for target in dict.fromkeys(ev.tag_values("e")):
         if not is_hex64(target):
@@ -122,7 +138,7 @@ def _apply_deletion(cur: sqlite3.Cursor, ev: Event, idb: bytes, pk: bytes, chang
             "INSERT OR IGNORE INTO tombstones (id, pubkey, deletion_id) VALUES (?, ?, ?)", (tid, pk, idb)
         )
         # A deletion of a deletion has no effect (NIP-09).
-        _remove(cur, "id = ? AND pubkey = ? AND kind != 5", (tid, pk), changes)
+        _remove(cur, "id = ? AND pubkey = ? AND kind != 5", (tid, pk), batch)
     for value in dict.fromkeys(ev.tag_values("a")):
         address = _parse_address(value, ev.pubkey)
         if address is None:
@@ -134,7 +150,7 @@ def _apply_deletion(cur: sqlite3.Cursor, ev: Event, idb: bytes, pk: bytes, chang
             (kind, pk, d_tag, ev.created_at),
         )
         _remove(cur, "kind = ? AND pubkey = ? AND d_tag = ? AND created_at <= ?",
-                (kind, pk, d_tag, ev.created_at), changes)
+                (kind, pk, d_tag, ev.created_at), batch)
 
 
 def _tag_rows(ev: Event, seq: int) -> set[tuple[str, str, int, int]]:
@@ -145,19 +161,21 @@ def _tag_rows(ev: Event, seq: int) -> set[tuple[str, str, int, int]]:
     }
 
 
-def _apply_one(cur: sqlite3.Cursor, write: Write, changes: Changes, tag_rows: list) -> tuple[bool, str]:
+def _apply_one(cur: sqlite3.Cursor, write: Write, batch: _Batch) -> tuple[bool, str]:
     ev = write.event
     idb, pk = bytes.fromhex(ev.id), bytes.fromhex(ev.pubkey)
-    if ev.kind != DELETION_KIND and cur.execute(
+    # A deletion of a deletion has no effect (NIP-09): kind 5 ignores tombstones.
+    tombstoned = ev.kind != DELETION_KIND and cur.execute(
         "SELECT 1 FROM tombstones WHERE id = ? AND pubkey = ?", (idb, pk)
-    ).fetchone():
-        return DELETED
+    ).fetchone() is not None
     d_tag = None
     if is_replaceable(ev.kind) or is_addressable(ev.kind):
-        refusal = _supersede(cur, ev, idb, pk, changes)
+        refusal = _supersede(cur, ev, idb, pk, tombstoned, batch)
         if refusal is not None:
             return refusal
         d_tag = ev.d_tag if is_addressable(ev.kind) else ""
+    elif tombstoned:
+        return DELETED
     cur.execute(
         "INSERT OR IGNORE INTO events (id, pubkey, created_at, kind, d_tag, expiration, origin, raw)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -165,10 +183,10 @@ def _apply_one(cur: sqlite3.Cursor, write: Write, changes: Changes, tag_rows: li
     )
     if cur.rowcount == 0:
         return DUPLICATE
-    tag_rows.extend(_tag_rows(ev, cur.lastrowid))
-    changes.inserted.append(ev)
+    batch.tag_rows[cur.lastrowid] = _tag_rows(ev, cur.lastrowid)
+    batch.changes.inserted.append(ev)
     if ev.kind == DELETION_KIND:
-        _apply_deletion(cur, ev, idb, pk, changes)
+        _apply_deletion(cur, ev, idb, pk, batch)
     return STORED
 
 
@@ -179,34 +197,30 @@ def apply_batch(conn: sqlite3.Connection, writes: list[Write]) -> tuple[list[tup
     NIP-01 prefixes of an OK reply, and the `Changes` made.  Rolls back and
     re-raises on any database error: nothing of the batch is kept.
     """
-    changes = Changes()
-    tag_rows: list = []
+    batch = _Batch()
     cur = conn.cursor()
     cur.execute("BEGIN IMMEDIATE")
     try:
-        outcomes = [_apply_one(cur, w, changes, tag_rows) for w in writes]
-        if changes.removed:
-            # An event superseded or deleted later in the same batch keeps no tag rows.
-            gone = {r.seq for r in changes.removed}
-            tag_rows = [row for row in tag_rows if row[3] not in gone]
-        if tag_rows:
-            cur.executemany("INSERT OR IGNORE INTO tags (name, value, created_at, seq) VALUES (?, ?, ?, ?)", tag_rows)
+        outcomes = [_apply_one(cur, w, batch) for w in writes]
+        rows = [row for rows in batch.tag_rows.values() for row in rows]
+        if rows:
+            cur.executemany("INSERT OR IGNORE INTO tags (name, value, created_at, seq) VALUES (?, ?, ?, ?)", rows)
         cur.execute("COMMIT")
     except BaseException:
         conn.rollback()
         raise
-    return outcomes, changes
+    return outcomes, batch.changes
 
 
 def purge_expired(conn: sqlite3.Connection, now: int, max_rows: int) -> Changes:
     """NIP-40: remove up to `max_rows` events whose expiration <= `now` (unix seconds), in one transaction."""
-    changes = Changes()
+    batch = _Batch()
     cur = conn.cursor()
     cur.execute("BEGIN IMMEDIATE")
     try:
-        _remove(cur, "seq IN (SELECT seq FROM events WHERE expiration <= ? LIMIT ?)", (now, max_rows), changes)
+        _remove(cur, "seq IN (SELECT seq FROM events WHERE expiration <= ? LIMIT ?)", (now, max_rows), batch)
         cur.execute("COMMIT")
     except BaseException:
         conn.rollback()
         raise
-    return changes
+    return batch.changes
