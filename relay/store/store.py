@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +25,7 @@ from relay.protocol.event import Event
 from relay.protocol.filters import Filter
 from relay.store import db
 from relay.store.queries import compile_count, compile_filter, run_count, run_query
-from relay.store.writes import Changes, Write, apply_batch, purge_expired
+from relay.store.writes import Changes, TransactionHook, Write, apply_batch, purge_expired
 
 log = structlog.get_logger(__name__)
 
@@ -53,9 +53,10 @@ class Store:
     which first drains the writer queue.
     """
 
-    def __init__(self, path: Path, options: StoreOptions) -> None:
+    def __init__(self, path: Path, options: StoreOptions, hooks: Sequence[TransactionHook] = ()) -> None:
         self.path = path
         self.options = options
+        self.hooks = tuple(hooks)
         self._writer_conn: aiosqlite.Connection | None = None
         self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
         self._queue: asyncio.Queue = asyncio.Queue(maxsize=options.writer_queue_size)
@@ -66,14 +67,20 @@ class Store:
         self._failure: BaseException | None = None
 
     @classmethod
-    async def open(cls, path: Path | str, options: StoreOptions = StoreOptions()) -> Store:
-        """Open (creating and migrating) the database at `path` and start the writer."""
-        store = cls(Path(path), options)
+    async def open(cls, path: Path | str, options: StoreOptions = StoreOptions(),
+                   hooks: Sequence[TransactionHook] = ()) -> Store:
+        """Open (creating and migrating) the database at `path`, set up `hooks`, and start the writer.
+
+        `hooks` run inside every write transaction (see `writes.TransactionHook`).
+        """
+        store = cls(Path(path), options, hooks)
         store.path.parent.mkdir(parents=True, exist_ok=True)
         store._writer_conn = await db.connect(
             store.path, options.synchronous,
             autocheckpoint_pages=db.FALLBACK_AUTOCHECKPOINT_PAGES if options.checkpoint_interval_seconds > 0 else 1000)
         await db.run(store._writer_conn, db.migrate)
+        for hook in store.hooks:
+            await db.run(store._writer_conn, hook.setup)
         for _ in range(options.read_connections):
             store._readers.put_nowait(await db.connect(store.path, readonly=True))
         store._writer_task = asyncio.create_task(store._writer_loop(), name="store-writer")
@@ -143,13 +150,14 @@ class Store:
         writes = [(w, f) for w, f in batch if w is not None]
         purges = [f for w, f in batch if w is None]
         if writes:
-            outcomes, changes = await db.run(self._writer_conn, apply_batch, [w for w, _ in writes])
+            outcomes, changes = await db.run(self._writer_conn, apply_batch, [w for w, _ in writes], self.hooks)
             for (_, future), outcome in zip(writes, outcomes):
                 if not future.done():
                     future.set_result(outcome)
             self._notify(changes)
         for future in purges:
-            changes = await db.run(self._writer_conn, purge_expired, int(time.time()), self.options.purge_batch)
+            changes = await db.run(self._writer_conn, purge_expired, int(time.time()), self.options.purge_batch,
+                                   self.hooks)
             self._notify(changes)
             if not future.done():
                 future.set_result(len(changes.removed))

@@ -14,7 +14,9 @@ events accepted, whatever their order:
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from relay.protocol.event import Event, is_addressable, is_decimal, is_hex64, is_replaceable
 
@@ -56,6 +58,23 @@ class Changes:
 
     inserted: list[Event] = field(default_factory=list)
     removed: list[Removed] = field(default_factory=list)
+
+    def net(self) -> tuple[list[Event], list[Removed]]:
+        """(events inserted and still stored, rows removed that were stored before this transaction)."""
+        removed_ids = {r.id for r in self.removed}
+        kept = [e for e in self.inserted if bytes.fromhex(e.id) not in removed_ids]
+        inserted_ids = {bytes.fromhex(e.id) for e in self.inserted}
+        return kept, [r for r in self.removed if r.id not in inserted_ids]
+
+
+class TransactionHook(Protocol):
+    """Keeps derived tables (projectors, the negentropy index) in step with events, in the same transaction."""
+
+    def setup(self, conn: sqlite3.Connection) -> None:
+        """Create or bring up to date the hook's tables; runs once at open on the writer connection."""
+
+    def apply(self, cur: sqlite3.Cursor, changes: Changes) -> None:
+        """Apply one transaction's changes before COMMIT; an exception rolls the whole batch back."""
 
 
 _REMOVE_RETURNING = " RETURNING seq, id, pubkey, created_at, kind, d_tag"
@@ -190,8 +209,9 @@ def _apply_one(cur: sqlite3.Cursor, write: Write, batch: _Batch) -> tuple[bool, 
     return STORED
 
 
-def apply_batch(conn: sqlite3.Connection, writes: list[Write]) -> tuple[list[tuple[bool, str]], Changes]:
-    """Apply `writes` in one IMMEDIATE transaction and commit.
+def apply_batch(conn: sqlite3.Connection, writes: list[Write],
+                hooks: Sequence[TransactionHook] = ()) -> tuple[list[tuple[bool, str]], Changes]:
+    """Apply `writes` and every hook in one IMMEDIATE transaction and commit.
 
     Returns one (accepted, message) outcome per write, in order, with the
     NIP-01 prefixes of an OK reply, and the `Changes` made.  Rolls back and
@@ -205,6 +225,7 @@ def apply_batch(conn: sqlite3.Connection, writes: list[Write]) -> tuple[list[tup
         rows = [row for rows in batch.tag_rows.values() for row in rows]
         if rows:
             cur.executemany("INSERT OR IGNORE INTO tags (name, value, created_at, seq) VALUES (?, ?, ?, ?)", rows)
+        _run_hooks(cur, hooks, batch.changes)
         cur.execute("COMMIT")
     except BaseException:
         conn.rollback()
@@ -212,13 +233,21 @@ def apply_batch(conn: sqlite3.Connection, writes: list[Write]) -> tuple[list[tup
     return outcomes, batch.changes
 
 
-def purge_expired(conn: sqlite3.Connection, now: int, max_rows: int) -> Changes:
+def _run_hooks(cur: sqlite3.Cursor, hooks: Sequence[TransactionHook], changes: Changes) -> None:
+    if changes.inserted or changes.removed:
+        for hook in hooks:
+            hook.apply(cur, changes)
+
+
+def purge_expired(conn: sqlite3.Connection, now: int, max_rows: int,
+                  hooks: Sequence[TransactionHook] = ()) -> Changes:
     """NIP-40: remove up to `max_rows` events whose expiration <= `now` (unix seconds), in one transaction."""
     batch = _Batch()
     cur = conn.cursor()
     cur.execute("BEGIN IMMEDIATE")
     try:
         _remove(cur, "seq IN (SELECT seq FROM events WHERE expiration <= ? LIMIT ?)", (now, max_rows), batch)
+        _run_hooks(cur, hooks, batch.changes)
         cur.execute("COMMIT")
     except BaseException:
         conn.rollback()
