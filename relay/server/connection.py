@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from functools import partial
 from typing import TYPE_CHECKING
 
 import structlog
@@ -82,7 +83,8 @@ class Connection:
         self.relay = relay
         self.subscriptions: dict[str, LiveSubscription] = {}
         self._limits = relay.config.limits
-        self._event_slots = asyncio.Semaphore(self._limits.max_events_in_flight)
+        self._in_flight = 0  # EVENTs whose OK has not been written yet
+        self._slot_free = asyncio.Event()
         self._out: deque[bytes] = deque()
         self._out_ready = asyncio.Event()
         self._queued_live = 0
@@ -93,8 +95,9 @@ class Connection:
         """Read frames until the socket closes, then release everything held."""
         sender = asyncio.create_task(self._send_queued())
         try:
-            async for message in self.ws:
-                await self._dispatch(message)
+            while True:
+                # Bytes, not str: orjson checks UTF-8 itself, so websockets need not decode.
+                await self._dispatch(await self.ws.recv(decode=False))
         except ConnectionClosed:
             pass
         finally:
@@ -108,8 +111,12 @@ class Connection:
         try:
             envelope = parse_client_message(message, self._limits.max_filters, self._limits.max_filter_items)
             if type(envelope) is EventEnvelope:
-                await self._event_slots.acquire()
-                asyncio.create_task(self._event(envelope.event))
+                if self._in_flight >= self._limits.max_events_in_flight:
+                    self._slot_free.clear()
+                    await self._slot_free.wait()
+                await self.relay.store.wait_for_room()
+                self._in_flight += 1
+                self._event(envelope.event)
             elif type(envelope) is ReqEnvelope:
                 await self._req(envelope)
             elif type(envelope) is CountEnvelope:
@@ -149,19 +156,33 @@ class Connection:
             for message in messages:
                 self.ws.protocol.send_text(message)
 
-    async def _event(self, obj: object) -> None:
+    def _event(self, obj: object) -> None:
+        # EVENT pipeline without a task per event: parse here, then callbacks
+        # from the signature verifier and the writer; it ends in `_event_done`.
         ref = obj.get("id") if type(obj) is dict else None
+        done = partial(self._event_done, ref)
         try:
             now = time.time()
             event = parse_event(obj, self.relay.event_limits, now)
             policies.check_event(event, now)
-            if not await self.relay.verifier.verify(event):
-                raise Rejection("invalid", "bad signature")
-            accepted, message = await self.relay.accept(event)
         except Rejection as rejection:
-            accepted, message = False, str(rejection)
+            done(False, str(rejection))
+            return
         except Exception as exc:
-            accepted, message = False, self.relay.internal_error("event_failed", exc, event_id=ref)
+            done(False, self.relay.internal_error("event_failed", exc, event_id=ref))
+            return
+        self.relay.verifier.verify(event, partial(self._verified, event, done))
+
+    def _verified(self, event: Event, done, valid: bool) -> None:
+        if not valid:
+            done(False, "invalid: bad signature")
+            return
+        try:
+            self.relay.accept(event, done)
+        except Exception as exc:
+            done(False, self.relay.internal_error("event_failed", exc, event_id=event.id))
+
+    def _event_done(self, ref: object, accepted: bool, message: str) -> None:
         self._push_ok(encode_ok(ref, accepted, message) if is_hex64(ref) else encode_notice(message))
 
     async def _req(self, req: ReqEnvelope) -> None:
@@ -217,7 +238,7 @@ class Connection:
             sub.task.cancel()
 
     def _push_ok(self, message: bytes) -> None:
-        # The EVENT's slot is freed when this reply has been written (see _send_queued).
+        # The EVENT's in-flight slot is freed when this reply has been written (see _send_queued).
         self._out.append(message)
         self._queued_oks += 1
         self._out_ready.set()
@@ -254,7 +275,7 @@ class Connection:
                     self._out.clear()
                     oks, self._queued_oks, self._queued_live = self._queued_oks, 0, 0
                     await self.send_many(batch)
-                    for _ in range(oks):
-                        self._event_slots.release()
+                    self._in_flight -= oks
+                    self._slot_free.set()
         except ConnectionClosed:
             pass

@@ -1,11 +1,12 @@
 """The store: one writer task with group commit, and a pool of read connections.
 
-How this works: `submit` puts a validated event on a bounded queue and waits.
-The writer task takes everything queued (up to `max_batch`), applies it with
-`writes.apply_batch` in one transaction on the single write connection, and
-only after COMMIT resolves each waiter with its (accepted, message) outcome
-and hands the `Changes` to listeners (live fan-out).  A full queue makes
-`submit` wait, which is the back-pressure that stops connections reading.
+How this works: `enqueue` puts a validated event on the writer queue with a
+callback (`submit` is the awaitable form).  The writer task takes everything
+queued (up to `max_batch`), applies it with `writes.apply_batch` in one
+transaction on the single write connection, and only after COMMIT calls each
+callback with its (accepted, message) outcome and hands the `Changes` to
+listeners (live fan-out).  A queue at `writer_queue_size` clears `room`:
+connections `await wait_for_room()` before reading more (back-pressure).
 Reads borrow a connection from the pool for one whole job (WAL: they never
 wait on the writer).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +61,12 @@ class Store:
         self.hooks = tuple(hooks)
         self._writer_conn: aiosqlite.Connection | None = None
         self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
-        self._queue: asyncio.Queue = asyncio.Queue(maxsize=options.writer_queue_size)
+        self._loop = asyncio.get_running_loop()
+        self._pending: deque[tuple[Write | None, Callable[[bool, str], None]]] = deque()
+        self._wakeup = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._idle = asyncio.Event()
         self._writer_task: asyncio.Task | None = None
         self._checkpoint_conn: aiosqlite.Connection | None = None
         self._checkpoint_task: asyncio.Task | None = None
@@ -109,72 +116,89 @@ class Store:
         """Call `listener(changes)` on the event loop after every commit."""
         self._listeners.append(listener)
 
+    def enqueue(self, event: Event, origin: str, done: Callable[[bool, str], None]) -> None:
+        """Queue a validated event without waiting; `done(accepted, message)` runs after its COMMIT.
+
+        `done` is called on the event loop with the NIP-01 OK outcome, or with
+        (False, "error: ...") if the writer has failed.  The queue may pass
+        `writer_queue_size` by what callers already hold: callers that can wait
+        should `await wait_for_room()` first.
+        """
+        if self._failure is not None:
+            self._loop.call_soon(done, False, "error: the relay cannot store events now")
+            return
+        self._pending.append((Write(event, origin), done))
+        if len(self._pending) >= self.options.writer_queue_size:
+            self._room.clear()
+        self._wakeup.set()
+
+    async def wait_for_room(self) -> None:
+        """Wait while the writer queue is full (the back-pressure that stops connections reading)."""
+        if not self._room.is_set():
+            await self._room.wait()
+
     async def submit(self, event: Event, origin: str = "") -> tuple[bool, str]:
         """Queue a validated event and wait until its transaction has committed.
 
         Returns (accepted, message) for the NIP-01 OK reply.
-
-        Raises:
-            StoreFailed: the writer has stopped on a database error.
         """
-        if self._failure is not None:
-            raise StoreFailed(str(self._failure))
-        future = asyncio.get_running_loop().create_future()
-        await self._queue.put((Write(event, origin), future))
+        await self.wait_for_room()
+        future = self._loop.create_future()
+        self.enqueue(event, origin, lambda accepted, message: future.done() or future.set_result((accepted, message)))
         return await future
 
     async def purge_expired(self) -> int:
         """NIP-40: remove events whose expiration has passed, through the writer. Returns how many."""
-        future = asyncio.get_running_loop().create_future()
-        await self._queue.put((None, future))
+        future = self._loop.create_future()
+        self._pending.append((None, lambda removed, _: future.done() or future.set_result(removed)))
+        self._wakeup.set()
         return await future
 
     async def _writer_loop(self) -> None:
-        queue = self._queue
+        pending = self._pending
         while True:
-            batch = [await queue.get()]
-            while len(batch) < self.options.max_batch and not queue.empty():
-                batch.append(queue.get_nowait())
+            if not pending:
+                self._idle.set()
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            self._idle.clear()
+            batch = [pending.popleft() for _ in range(min(len(pending), self.options.max_batch))]
+            if len(pending) < self.options.writer_queue_size:
+                self._room.set()
             try:
                 await self._write(batch)
             except Exception as exc:
                 self._failure = exc
                 log.error("writer_failed", error=repr(exc))
-                self._fail_waiters(batch, exc)
+                self._fail_waiters(batch)
                 raise StoreFailed(f"database write failed: {exc!r}") from exc
-            finally:
-                for _ in batch:
-                    queue.task_done()
 
     async def _write(self, batch: list) -> None:
-        writes = [(w, f) for w, f in batch if w is not None]
-        purges = [f for w, f in batch if w is None]
+        writes = [(w, done) for w, done in batch if w is not None]
+        purges = [done for w, done in batch if w is None]
         if writes:
             outcomes, changes = await db.run(self._writer_conn, apply_batch, [w for w, _ in writes], self.hooks)
-            for (_, future), outcome in zip(writes, outcomes):
-                if not future.done():
-                    future.set_result(outcome)
+            # call_soon: a failing callback is logged by the loop and never stops the writer.
+            for (_, done), outcome in zip(writes, outcomes):
+                self._loop.call_soon(done, *outcome)
             self._notify(changes)
-        for future in purges:
+        for done in purges:
             changes = await db.run(self._writer_conn, purge_expired, int(time.time()), self.options.purge_batch,
                                    self.hooks)
             self._notify(changes)
-            if not future.done():
-                future.set_result(len(changes.removed))
+            done(len(changes.removed), "")
 
     def _notify(self, changes: Changes) -> None:
         for listener in self._listeners:
             listener(changes)
 
-    def _fail_waiters(self, batch: list, exc: BaseException) -> None:
-        for _, future in batch:
-            if not future.done():
-                future.set_exception(StoreFailed(str(exc)))
-        while not self._queue.empty():
-            _, future = self._queue.get_nowait()
-            self._queue.task_done()
-            if not future.done():
-                future.set_exception(StoreFailed(str(exc)))
+    def _fail_waiters(self, batch: list) -> None:
+        batch.extend(self._pending)
+        self._pending.clear()
+        self._room.set()
+        self._idle.set()
+        for _, done in batch:
+            self._loop.call_soon(done, False, "error: the relay cannot store events now")
 
     async def _read(self, fn, *args):
         conn = await self._readers.get()
@@ -228,7 +252,9 @@ class Store:
     async def close(self) -> None:
         """Drain the writer queue, stop the writer and close every connection."""
         if self._writer_task is not None and not self._writer_task.done():
-            await self._queue.join()
+            while self._pending or not self._idle.is_set():
+                await self._idle.wait()
+                await asyncio.sleep(0)
             self._writer_task.cancel()
             try:
                 await self._writer_task

@@ -1,0 +1,94 @@
+"""The node's own key: created once with mode 0600, used to answer NIP-42 AUTH challenges of peers."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import time
+from pathlib import Path
+
+import orjson
+import structlog
+from coincurve import PrivateKey
+
+from relay.protocol.event import serialize_for_id
+
+log = structlog.get_logger(__name__)
+
+AUTH_KIND = 22242  # NIP-42 client authentication
+
+
+class NodeKeyError(RuntimeError):
+    """The key file cannot be read, created, or does not hold a 64-hex secret key."""
+
+
+class NodeKey:
+    """A BIP-340 key pair: `pubkey` is 64 lowercase hex (x-only), `sign_event` builds signed events."""
+
+    def __init__(self, secret: bytes) -> None:
+        self._private = PrivateKey(secret)
+        self.pubkey = self._private.public_key_xonly.format().hex()
+
+    def sign_event(self, kind: int, tags: list[list[str]], content: str = "",
+                   created_at: int | None = None) -> dict:
+        """A signed NIP-01 event as a JSON-ready dict; `created_at` defaults to now (unix seconds)."""
+        created_at = int(time.time()) if created_at is None else created_at
+        event_id = hashlib.sha256(serialize_for_id(self.pubkey, created_at, kind, tags, content)).hexdigest()
+        sig = self._private.sign_schnorr(bytes.fromhex(event_id)).hex()
+        return {"id": event_id, "pubkey": self.pubkey, "created_at": created_at, "kind": kind,
+                "tags": tags, "content": content, "sig": sig}
+
+    def auth_event(self, relay_url: str, challenge: str) -> dict:
+        """The NIP-42 kind-22242 event answering `challenge` from `relay_url` (tags `relay`, `challenge`)."""
+        return self.sign_event(AUTH_KIND, [["relay", relay_url], ["challenge", challenge]])
+
+
+def key_path(secret_key_file: str, db_path: str) -> Path:
+    """Where the node key lives: `secret_key_file`, or `sync.key` beside the database when it is ""."""
+    if secret_key_file:
+        return Path(secret_key_file)
+    return Path(db_path).parent / "sync.key"
+
+
+def load_or_create(path: Path) -> NodeKey:
+    """Read the node's secret key (64 hex + newline) from `path`, creating it (mode 0600) if absent.
+
+    Creation is atomic (O_EXCL), so two processes starting at once agree on one key.
+
+    Raises:
+        NodeKeyError: unreadable file, or content that is not a valid 64-hex secret key.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise NodeKeyError(f"{path}: cannot create the node key: {exc}") from None
+    else:
+        secret = os.urandom(32)
+        with os.fdopen(fd, "w") as f:
+            f.write(secret.hex() + "\n")
+        key = NodeKey(secret)
+        log.info("node_key_created", path=str(path), pubkey=key.pubkey)
+        return key
+    try:
+        text = path.read_text(encoding="ascii").strip()
+        mode = path.stat().st_mode
+    except (OSError, UnicodeDecodeError) as exc:
+        raise NodeKeyError(f"{path}: cannot read the node key: {exc}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning("node_key_readable_by_others", path=str(path), mode=oct(mode & 0o777))
+    try:
+        secret = bytes.fromhex(text)
+        if len(secret) != 32:
+            raise ValueError("not 32 bytes")
+        return NodeKey(secret)
+    except ValueError:
+        raise NodeKeyError(f"{path}: must hold one 64-hex secret key") from None
+
+
+def encode_auth(event: dict) -> bytes:
+    """`["AUTH", <signed event>]` (NIP-42, client to relay)."""
+    return orjson.dumps(["AUTH", event])

@@ -1,0 +1,406 @@
+"""The client of another relay: one WebSocket, relay messages routed to whoever waits for them.
+
+How this works
+--------------
+`PeerConnection.open` connects and starts one reader task.  The reader
+routes each relay message by its verb:
+
+- `OK` resolves the future of the EVENT (or AUTH) with that id;
+- `EVENT`, `EOSE`, `CLOSED` go to the subscription with that sub_id (a
+  fetch by ids, collected until EOSE, or the live stream, handed to a
+  callback);
+- `NEG-MSG`, `NEG-ERR` go to the queue of the negentropy session (NIP-77);
+- `AUTH` challenges are answered at once with the node key (NIP-42);
+- `NOTICE` breaks the connection: every wait fails with `PeerNotice`, since
+  a peer that answers NOTICE did not understand or refused what we sent.
+
+A request refused with `auth-required:` waits until the peer accepts one of
+our AUTH events, then is sent once more; if the peer refused our AUTH, the
+request fails with that refusal.  Every wait ends with `PeerError` after
+`reply_timeout_seconds` without any message from the peer, or when the
+connection is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Awaitable, Callable
+
+import orjson
+import structlog
+import websockets
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+from relay.protocol.negentropy import Negentropy, NegentropyError
+from relay.sync.keys import NodeKey, encode_auth
+
+log = structlog.get_logger(__name__)
+
+AUTH_REQUIRED = "auth-required:"
+
+
+class PeerError(Exception):
+    """The peer cannot be synced with now; `str()` says why, for the operator."""
+
+
+class PeerNotice(PeerError):
+    """The peer answered with `["NOTICE", message]`; `message` is its text."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"peer sent NOTICE: {message!r}")
+        self.message = message
+
+
+class _Subscription:
+    """A REQ: a fetch collects `events` until EOSE; a live one passes each event to `on_event`."""
+
+    __slots__ = ("filter_obj", "events", "done", "on_event")
+
+    def __init__(self, filter_obj: dict, done: asyncio.Future | None,
+                 on_event: Callable[[object], None] | None) -> None:
+        self.filter_obj = filter_obj
+        self.events: list[object] = []
+        self.done = done
+        self.on_event = on_event
+
+
+class PeerConnection:
+    """One open WebSocket to a peer relay; see the module comment.  Close with `close()`."""
+
+    def __init__(self, url: str, ws, key: NodeKey | None, reply_timeout_seconds: float) -> None:
+        self.url = url
+        self.key = key
+        self.reply_timeout_seconds = reply_timeout_seconds
+        self._ws = ws
+        self._loop = asyncio.get_running_loop()
+        self._last_received = self._loop.time()
+        self._ids = itertools.count(1)
+        self._oks: dict[str, asyncio.Future] = {}
+        self._subs: dict[str, _Subscription] = {}
+        self._negs: dict[str, asyncio.Queue] = {}
+        self._auth_ids: set[str] = set()
+        self._authed = False
+        self._auth_refusal: str | None = None
+        self._auth_changed = asyncio.Event()
+        self._failed: asyncio.Future = self._loop.create_future()
+        self._failed.add_done_callback(lambda f: f.exception())  # retrieved: no "never retrieved" warning
+        self._reader = asyncio.create_task(self._read_loop(), name=f"peer-reader {url}")
+
+    @classmethod
+    async def open(cls, url: str, key: NodeKey | None, connect_timeout_seconds: float = 10.0,
+                   reply_timeout_seconds: float = 30.0, max_message_bytes: int = 4 * 1024 * 1024) -> PeerConnection:
+        """Connect to `url` (ws:// or wss://) within `connect_timeout_seconds`.
+
+        `max_message_bytes` bounds one incoming frame.
+
+        Raises:
+            PeerError: bad URL, refused or failed connection, handshake timeout.
+        """
+        try:
+            ws = await websockets.connect(url, open_timeout=connect_timeout_seconds, max_size=max_message_bytes,
+                                          compression=None, ping_interval=20, ping_timeout=20, close_timeout=2)
+        except InvalidURI as exc:
+            raise PeerError(f"not a WebSocket URL: {url!r} ({exc})") from None
+        except (OSError, InvalidHandshake, TimeoutError) as exc:
+            raise PeerError(f"cannot connect to {url}: {exc or type(exc).__name__}") from None
+        return cls(url, ws, key, reply_timeout_seconds)
+
+    @property
+    def failure(self) -> asyncio.Future:
+        """A future that fails with `PeerError` when the connection breaks (never succeeds)."""
+        return self._failed
+
+    async def close(self) -> None:
+        """Close the socket and stop the reader; pending waits fail with PeerError."""
+        self._fail(PeerError("connection closed by us"))
+        try:
+            await self._ws.close()
+        except Exception:  # closing a broken socket: nothing left to do
+            pass
+        self._reader.cancel()
+        try:
+            await self._reader
+        except (asyncio.CancelledError, Exception):
+            pass
+
+    # --- sending and waiting ------------------------------------------------------------------------
+
+    async def _send(self, message: bytes) -> None:
+        if self._failed.done():
+            raise self._failed.exception()
+        try:
+            await self._ws.send(message, text=True)
+        except ConnectionClosed as exc:
+            self._fail(PeerError(f"connection to {self.url} lost: {exc}"))
+            raise self._failed.exception() from None
+
+    async def _wait(self, awaitable: Awaitable, what: str):
+        """Await `awaitable`, failing when the peer is silent for `reply_timeout_seconds` or breaks."""
+        task = asyncio.ensure_future(awaitable)
+        try:
+            while True:
+                remaining = self._last_received + self.reply_timeout_seconds - self._loop.time()
+                if remaining <= 0:
+                    raise PeerError(f"timed out: no answer from {self.url} to {what} "
+                                    f"within {self.reply_timeout_seconds:g} s")
+                done, _ = await asyncio.wait((task, self._failed), timeout=remaining,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if task in done:
+                    return task.result()
+                if self._failed.done():
+                    raise self._failed.exception()
+        finally:
+            if not task.done():
+                task.cancel()
+
+    def _fail(self, error: PeerError) -> None:
+        if not self._failed.done():
+            self._failed.set_exception(error)
+
+    # --- reading ------------------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        try:
+            async for frame in self._ws:
+                self._last_received = self._loop.time()
+                try:
+                    message = orjson.loads(frame)
+                except orjson.JSONDecodeError:
+                    log.warning("peer_bad_json", peer=self.url, size=len(frame))
+                    continue
+                if type(message) is list and message and type(message[0]) is str:
+                    self._route(message)
+            self._fail(PeerError(f"{self.url} closed the connection"
+                                 f" (code {self._ws.close_code}, reason {self._ws.close_reason!r})"))
+        except ConnectionClosed as exc:
+            self._fail(PeerError(f"connection to {self.url} lost: {exc}"))
+        except Exception as exc:  # the one broad catch of the reader: a bug ends this connection only
+            log.error("peer_reader_failed", peer=self.url, error=repr(exc), exc_info=exc)
+            self._fail(PeerError(f"internal error reading from {self.url}: {exc!r}"))
+
+    def _route(self, m: list) -> None:
+        verb, n = m[0], len(m)
+        if verb == "EVENT" and n >= 3 and type(m[1]) is str:
+            sub = self._subs.get(m[1])
+            if sub is not None and sub.on_event is not None:
+                sub.on_event(m[2])
+            elif sub is not None:
+                sub.events.append(m[2])
+        elif verb == "OK" and n >= 3 and type(m[1]) is str:
+            self._on_ok(m[1], m[2] is True, m[3] if n > 3 and type(m[3]) is str else "")
+        elif verb == "EOSE" and n >= 2:
+            sub = self._subs.get(m[1])
+            if sub is not None and sub.done is not None and not sub.done.done():
+                sub.done.set_result(sub.events)
+        elif verb == "CLOSED" and n >= 2:
+            self._on_closed(m[1], m[2] if n > 2 and type(m[2]) is str else "")
+        elif verb in ("NEG-MSG", "NEG-ERR") and n >= 3:
+            queue = self._negs.get(m[1])
+            if queue is not None:
+                queue.put_nowait((verb, m[2]))
+        elif verb == "AUTH" and n >= 2 and type(m[1]) is str:
+            self._answer_challenge(m[1])
+        elif verb == "NOTICE":
+            self._fail(PeerNotice(str(m[1]) if n > 1 else ""))
+
+    def _on_ok(self, event_id: str, accepted: bool, message: str) -> None:
+        if event_id in self._auth_ids:
+            self._auth_ids.discard(event_id)
+            if accepted:
+                self._authed = True
+            else:
+                self._auth_refusal = message or "(no reason given)"
+            log.info("peer_auth_answered", peer=self.url, accepted=accepted, message=message)
+            self._auth_changed.set()
+            self._auth_changed = asyncio.Event()
+            return
+        future = self._oks.get(event_id)
+        if future is not None and not future.done():
+            future.set_result((accepted, message))
+
+    def _on_closed(self, sub_id: str, message: str) -> None:
+        sub = self._subs.get(sub_id)
+        if sub is None:
+            return
+        if sub.done is not None:
+            if not sub.done.done():
+                sub.done.set_exception(_Closed(message))
+        elif message.startswith(AUTH_REQUIRED):
+            asyncio.create_task(self._resubscribe_after_auth(sub_id, message))
+        else:
+            self._fail(PeerError(f"{self.url} closed the live subscription: {message!r}"))
+
+    # --- NIP-42 -------------------------------------------------------------------------------------
+
+    def _answer_challenge(self, challenge: str) -> None:
+        if self.key is None:
+            return
+        event = self.key.auth_event(self.url, challenge)
+        self._auth_ids.add(event["id"])
+        asyncio.create_task(self._send_quietly(encode_auth(event)))
+
+    async def _send_quietly(self, message: bytes) -> None:
+        try:
+            await self._send(message)
+        except PeerError:
+            pass  # the failure is already recorded in self._failed
+
+    async def _await_auth(self, refusal: str, what: str) -> None:
+        """After `refusal` ("auth-required: ..."): wait until the peer accepts our AUTH.
+
+        Raises:
+            PeerError: no node key, our AUTH was refused, or no AUTH accepted in time.
+        """
+        if self.key is None:
+            raise PeerError(f"{self.url} requires authentication ({refusal!r}) and no node key is set")
+        while not self._authed:
+            if self._auth_refusal is not None:
+                raise PeerError(f"{self.url} refused our NIP-42 AUTH as node {self.key.pubkey}: "
+                                f"{self._auth_refusal!r} (it requires it: {refusal!r})")
+            try:
+                await self._wait(self._auth_changed.wait(), f"our AUTH (needed for {what})")
+            except PeerError as exc:
+                if self._failed.done():
+                    raise
+                raise PeerError(f"{self.url} requires authentication ({refusal!r}) but accepted no AUTH "
+                                f"from us: {exc}") from None
+
+    async def _resubscribe_after_auth(self, sub_id: str, refusal: str) -> None:
+        try:
+            await self._await_auth(refusal, "the live subscription")
+            sub = self._subs.get(sub_id)
+            if sub is not None and sub.on_event is not None:
+                await self._send(sub_request(sub_id, sub.filter_obj))
+        except PeerError as exc:
+            self._fail(exc)
+
+    # --- requests -----------------------------------------------------------------------------------
+
+    async def publish(self, raw_event: bytes, event_id: str) -> tuple[bool, str]:
+        """Send `["EVENT", raw_event]` and wait for its OK: (accepted, message).
+
+        Sent again once after our AUTH is accepted if refused with "auth-required:".
+
+        Raises:
+            PeerError: timeout, lost connection, NOTICE, or refused AUTH.
+        """
+        future = self._loop.create_future()
+        self._oks[event_id] = future
+        try:
+            await self._send(b'["EVENT",' + raw_event + b"]")
+            accepted, message = await self._wait(future, "EVENT")
+            if not accepted and message.startswith(AUTH_REQUIRED):
+                await self._await_auth(message, "EVENT")
+                future = self._loop.create_future()
+                self._oks[event_id] = future
+                await self._send(b'["EVENT",' + raw_event + b"]")
+                accepted, message = await self._wait(future, "EVENT")
+            return accepted, message
+        finally:
+            self._oks.pop(event_id, None)
+
+    async def fetch(self, ids: list[str]) -> list[object]:
+        """Ask for events by id with one REQ (`limit` = len(ids)); return what came before EOSE, unvalidated.
+
+        Raises:
+            PeerError: CLOSED (other than a satisfied auth-required), timeout, lost connection, NOTICE.
+        """
+        filter_obj = {"ids": ids, "limit": len(ids)}
+        for attempt in range(2):
+            sub_id = f"fetch-{next(self._ids)}"
+            sub = _Subscription(filter_obj, self._loop.create_future(), None)
+            self._subs[sub_id] = sub
+            try:
+                await self._send(sub_request(sub_id, filter_obj))
+                try:
+                    return await self._wait(sub.done, f"REQ of {len(ids)} ids")
+                except _Closed as closed:
+                    if attempt or not closed.message.startswith(AUTH_REQUIRED):
+                        raise PeerError(f"{self.url} refused REQ by ids: CLOSED {closed.message!r}") from None
+                    await self._await_auth(closed.message, "REQ")
+            finally:
+                self._subs.pop(sub_id, None)
+                if not self._failed.done():
+                    await self._send_quietly(orjson.dumps(["CLOSE", sub_id]))
+        raise AssertionError("unreachable")
+
+    async def subscribe(self, filter_obj: dict, on_event: Callable[[object], None]) -> str:
+        """Open a live REQ with `filter_obj`; `on_event(obj)` gets every event (unvalidated). Returns the sub_id.
+
+        A CLOSED (other than auth-required, which is retried after AUTH) breaks the connection.
+        """
+        sub_id = f"live-{next(self._ids)}"
+        sub = _Subscription(filter_obj, None, on_event)
+        self._subs[sub_id] = sub
+        await self._send(sub_request(sub_id, filter_obj))
+        return sub_id
+
+    async def reconcile(self, filter_obj: dict, neg: Negentropy,
+                        on_round: Callable[[list[bytes], list[bytes]], None]) -> int:
+        """Run one NIP-77 reconciliation as initiator; returns the number of rounds.
+
+        `on_round(have_ids, need_ids)` is called after each reply; ids are
+        32-byte values and may repeat across rounds (see `Negentropy`).
+
+        Raises:
+            PeerError: the peer lacks NIP-77 (NOTICE, NEG-ERR, silence, or a closed connection in
+            answer to NEG-OPEN), refused it, sent a malformed message, or timed out.
+        """
+        sub_id = f"neg-{next(self._ids)}"
+        queue: asyncio.Queue = asyncio.Queue()
+        self._negs[sub_id] = queue
+        first = neg.initiate()
+        opened = False
+        try:
+            await self._send(orjson.dumps(["NEG-OPEN", sub_id, filter_obj, first.hex()]))
+            opened = True
+            answered, retried, rounds = False, False, 0
+            while True:
+                verb, payload = await self._first_answer(queue) if not answered else \
+                    await self._wait(queue.get(), "NEG-MSG")
+                answered = True
+                if verb == "NEG-ERR":
+                    text = str(payload)
+                    if text.startswith(AUTH_REQUIRED) and not retried:
+                        retried, answered = True, False
+                        await self._await_auth(text, "NEG-OPEN")
+                        await self._send(orjson.dumps(["NEG-OPEN", sub_id, filter_obj, first.hex()]))
+                        continue
+                    opened = False  # NIP-77: NEG-ERR closes the session
+                    raise PeerError(f"{self.url} refused negentropy sync: NEG-ERR {text!r}")
+                try:
+                    next_msg, have, need = neg.reconcile_with_ids(bytes.fromhex(payload))
+                except (ValueError, TypeError, NegentropyError) as exc:
+                    raise PeerError(f"{self.url} sent a malformed NEG-MSG: {exc}") from None
+                rounds += 1
+                on_round(have, need)
+                if next_msg is None:
+                    return rounds
+                await self._send(orjson.dumps(["NEG-MSG", sub_id, next_msg.hex()]))
+        finally:
+            self._negs.pop(sub_id, None)
+            if opened and not self._failed.done():
+                await self._send_quietly(orjson.dumps(["NEG-CLOSE", sub_id]))
+
+    async def _first_answer(self, queue: asyncio.Queue) -> tuple[str, object]:
+        try:
+            return await self._wait(queue.get(), "NEG-OPEN")
+        except PeerNotice as notice:
+            raise PeerError(f"{self.url} does not support NIP-77 negentropy: it answered NEG-OPEN with "
+                            f"NOTICE {notice.message!r}") from None
+        except PeerError as exc:
+            raise PeerError(f"{exc} (does the peer support NIP-77 negentropy?)") from None
+
+
+class _Closed(Exception):
+    """A fetch REQ answered with CLOSED; `message` is the peer's reason."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def sub_request(sub_id: str, filter_obj: dict) -> bytes:
+    """`["REQ", <sub_id>, <filter>]` (NIP-01)."""
+    return orjson.dumps(["REQ", sub_id, filter_obj])
