@@ -34,7 +34,9 @@ def _in(column: str, values, params: list, convert=None) -> str:
 
 def _tag_exists(name: str, values, params: list) -> str:
     params.append(name)
-    return "EXISTS (SELECT 1 FROM tags t2 WHERE t2.seq = e.seq AND t2.name = ? AND " + _in("t2.value", values, params) + ")"
+    # The whole primary key is bound, so this is one index probe per value.
+    return ("EXISTS (SELECT 1 FROM tags t2 WHERE t2.name = ? AND " + _in("t2.value", values, params)
+            + " AND t2.created_at = e.created_at AND t2.seq = e.seq)")
 
 
 def _conditions(f: Filter, now: int, params: list, time_column: str, skip_tag: str | None) -> list[str]:

@@ -1,9 +1,11 @@
 """The write transaction: insert, NIP-01 supersession, NIP-09 deletion, NIP-40 purge.
 
 `apply_batch` runs on the writer connection's thread and applies a whole batch
-of validated events in ONE transaction.  Every refusal that depends on stored
-state is decided here, so that the live set is a function of the set of
-events accepted, whatever their order:
+of validated events in ONE transaction: read what the batch can touch, settle
+it in memory (`batch.BatchPlan`), write the result with a few `executemany`
+calls, run the hooks, COMMIT.  Every refusal that depends on stored state is
+decided there, so that the live set is a function of the set of events
+accepted, whatever their order:
 
 - a tombstone (deleter's pubkey + id) refuses the deleted event forever;
 - an address tombstone refuses versions of a coordinate up to its `until`;
@@ -18,15 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from relay.protocol.event import Event, is_addressable, is_decimal, is_hex64, is_replaceable
+import orjson
 
-STORED = (True, "")
-DUPLICATE = (True, "duplicate: already have this event")
-NEWER_VERSION = (False, "duplicate: have a newer version")
-DELETED = (False, "blocked: this event was deleted")
-
-DELETION_KIND = 5  # NIP-09
-
+from relay.protocol.event import Event
+from relay.store.batch import DELETION_KIND, BatchPlan, BatchState, Coordinate, Row, addresses_deleted_by, coordinate_of
 
 @dataclass(frozen=True, slots=True)
 class Write:
@@ -58,6 +55,8 @@ class Changes:
 
     inserted: list[Event] = field(default_factory=list)
     removed: list[Removed] = field(default_factory=list)
+    # event id (hex) -> peer URL, for inserted events that came by peer sync (relay/sync/ skips echoes with it)
+    origins: dict[str, str] = field(default_factory=dict)
 
     def net(self) -> tuple[list[Event], list[Removed]]:
         """(events inserted and still stored, rows removed that were stored before this transaction)."""
@@ -77,136 +76,130 @@ class TransactionHook(Protocol):
         """Apply one transaction's changes before COMMIT; an exception rolls the whole batch back."""
 
 
-_REMOVE_RETURNING = " RETURNING seq, id, pubkey, created_at, kind, d_tag"
+_IN_CHUNK = 900  # bound parameters per statement, well under SQLite's limit
 
 
-@dataclass(slots=True)
-class _Batch:
-    """Work in progress of one transaction: its Changes, and tag rows not yet written, by seq."""
 
-    changes: Changes = field(default_factory=Changes)
-    tag_rows: dict[int, set] = field(default_factory=dict)
-
-
-def _remove(cur: sqlite3.Cursor, where: str, params: tuple, batch: _Batch) -> None:
-    rows = cur.execute("DELETE FROM events WHERE " + where + _REMOVE_RETURNING, params).fetchall()
-    if rows:
-        # seq values are reused once the highest row is gone: drop unwritten tag rows now.
-        for r in rows:
-            batch.tag_rows.pop(r[0], None)
-        cur.executemany("DELETE FROM tags WHERE seq = ?", [(r[0],) for r in rows])
-        batch.changes.removed.extend(Removed(*r) for r in rows)
-
-
-def _is_newer(created_at: int, id_: bytes, than: tuple[int, bytes]) -> bool:
-    # NIP-01: the newest created_at wins; on a tie the lowest id wins.
-    return created_at > than[0] or (created_at == than[0] and id_ < than[1])
-
-
-def _supersede(cur: sqlite3.Cursor, ev: Event, idb: bytes, pk: bytes, tombstoned: bool, batch: _Batch):
-    """Settle a replaceable/addressable event against its coordinate; None means insert it.
-
-    A newer version that was deleted before it arrived (`tombstoned`) still
-    supersedes the older ones and raises the high-water mark: the outcome must
-    not depend on whether the deletion came first.
-    """
-    kind, d_tag = ev.kind, ev.d_tag if is_addressable(ev.kind) else ""
-    key = (kind, pk, d_tag)
-    row = cur.execute(
-        "SELECT until FROM address_tombstones WHERE kind = ? AND pubkey = ? AND d_tag = ?", key
-    ).fetchone()
-    if row is not None and ev.created_at <= row[0]:
-        return DELETED
-    hwm = cur.execute(
-        "SELECT created_at, id FROM coordinates WHERE kind = ? AND pubkey = ? AND d_tag = ?", key
-    ).fetchone()
-    if hwm is not None:
-        if hwm[1] == idb:
-            return DELETED if tombstoned else DUPLICATE
-        if not _is_newer(ev.created_at, idb, hwm):
-            return NEWER_VERSION
-    _remove(cur, "kind = ? AND pubkey = ? AND d_tag = ?", key, batch)
-    cur.execute(
-        "INSERT INTO coordinates (kind, pubkey, d_tag, created_at, id) VALUES (?, ?, ?, ?, ?)"
-        " ON CONFLICT (kind, pubkey, d_tag) DO UPDATE SET created_at = excluded.created_at, id = excluded.id",
-        (*key, ev.created_at, idb),
-    )
-    return DELETED if tombstoned else None
-
-
-def _parse_address(value: str, pk_hex: str) -> tuple[int, str] | None:
-    """(kind, d_tag) of an `a` tag `kind:pubkey:d` that the deleter may delete, else None."""
-    parts = value.split(":", 2)
-    if len(parts) != 3 or parts[1] != pk_hex or not is_decimal(parts[0]) or len(parts[0]) > 5:
-        return None
-    kind = int(parts[0])
-    if is_replaceable(kind):
-        return (kind, "")
-    if is_addressable(kind):
-        return (kind, parts[2])
-    return None
-
-
-def _apply_deletion(cur: sqlite3.Cursor, ev: Event, idb: bytes, pk: bytes, batch: _Batch) -> None:
-    """NIP-09: delete the author's own events named by `e` and `a` tags, and remember it."""
-    for target in dict.fromkeys(ev.tag_values("e")):
-        if not is_hex64(target):
-            continue
-        tid = bytes.fromhex(target)
-        cur.execute(
-            "INSERT OR IGNORE INTO tombstones (id, pubkey, deletion_id) VALUES (?, ?, ?)", (tid, pk, idb)
-        )
-        # A deletion of a deletion has no effect (NIP-09).
-        _remove(cur, "id = ? AND pubkey = ? AND kind != 5", (tid, pk), batch)
-    for value in dict.fromkeys(ev.tag_values("a")):
-        address = _parse_address(value, ev.pubkey)
-        if address is None:
-            continue
-        kind, d_tag = address
-        cur.execute(
-            "INSERT INTO address_tombstones (kind, pubkey, d_tag, until) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (kind, pubkey, d_tag) DO UPDATE SET until = max(until, excluded.until)",
-            (kind, pk, d_tag, ev.created_at),
-        )
-        _remove(cur, "kind = ? AND pubkey = ? AND d_tag = ? AND created_at <= ?",
-                (kind, pk, d_tag, ev.created_at), batch)
-
-
-def _tag_rows(ev: Event, seq: int) -> set[tuple[str, str, int, int]]:
+def tag_rows(tags: list, created_at: int, seq: int) -> set[tuple[str, str, int, int]]:
+    """Rows of the tag index for one event: (name, value, created_at, seq) of each single-letter tag."""
     return {
-        (t[0], t[1], ev.created_at, seq)
-        for t in ev.tags
+        (t[0], t[1], created_at, seq)
+        for t in tags
         if len(t) > 1 and len(t[0]) == 1 and t[0].isascii() and t[0].isalpha()
     }
 
 
-def _apply_one(cur: sqlite3.Cursor, write: Write, batch: _Batch) -> tuple[bool, str]:
-    ev = write.event
-    idb, pk = bytes.fromhex(ev.id), bytes.fromhex(ev.pubkey)
-    # A deletion of a deletion has no effect (NIP-09): kind 5 ignores tombstones.
-    tombstoned = ev.kind != DELETION_KIND and cur.execute(
-        "SELECT 1 FROM tombstones WHERE id = ? AND pubkey = ?", (idb, pk)
-    ).fetchone() is not None
-    d_tag = None
-    if is_replaceable(ev.kind) or is_addressable(ev.kind):
-        refusal = _supersede(cur, ev, idb, pk, tombstoned, batch)
-        if refusal is not None:
-            return refusal
-        d_tag = ev.d_tag if is_addressable(ev.kind) else ""
-    elif tombstoned:
-        return DELETED
-    cur.execute(
-        "INSERT OR IGNORE INTO events (id, pubkey, created_at, kind, d_tag, expiration, origin, raw)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (idb, pk, ev.created_at, ev.kind, d_tag, ev.expiration, write.origin, ev.raw.decode()),
+def _chunks(items: list, size: int):
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def _ids_in(cur: sqlite3.Cursor, sql: str, ids: list[bytes]) -> list[tuple]:
+    rows = []
+    for chunk in _chunks(ids, _IN_CHUNK):
+        rows += cur.execute(sql.format(",".join("?" * len(chunk))), chunk).fetchall()
+    return rows
+
+
+def _by_coordinate(cur: sqlite3.Cursor, select: str, table: str, coordinates: list[Coordinate]) -> list[tuple]:
+    rows = []
+    for chunk in _chunks(coordinates, _IN_CHUNK // 3):
+        values = ",".join("(?,?,?)" for _ in chunk)
+        rows += cur.execute(
+            f"SELECT {select} FROM (VALUES {values}) v CROSS JOIN {table} x"
+            " ON x.kind = v.column1 AND x.pubkey = v.column2 AND x.d_tag = v.column3",
+            [p for c in chunk for p in c],
+        ).fetchall()
+    return rows
+
+
+def _read_state(cur: sqlite3.Cursor, events: list[Event]) -> BatchState:
+    """Everything `events` can touch, in a few set queries."""
+    state = BatchState(next_seq=cur.execute("SELECT coalesce(max(seq), 0) + 1 FROM events").fetchone()[0])
+    ids = [bytes.fromhex(e.id) for e in events]
+    state.existing = {r[0] for r in _ids_in(cur, "SELECT id FROM events WHERE id IN ({})", ids)}
+    state.tombstones = set(_ids_in(cur, "SELECT id, pubkey FROM tombstones WHERE id IN ({})", ids))
+    coordinates: dict[Coordinate, None] = {}
+    for event in events:
+        pk = bytes.fromhex(event.pubkey)
+        coordinate = coordinate_of(event, pk)
+        if coordinate is not None:
+            coordinates[coordinate] = None
+        if event.kind == DELETION_KIND:
+            coordinates.update(dict.fromkeys(addresses_deleted_by(event, pk)))
+    if coordinates:
+        wanted = list(coordinates)
+        for k, p, d, created_at, id_ in _by_coordinate(cur, "x.kind, x.pubkey, x.d_tag, x.created_at, x.id",
+                                                      "coordinates", wanted):
+            state.marks[(k, p, d)] = (created_at, id_)
+        for k, p, d, until in _by_coordinate(cur, "x.kind, x.pubkey, x.d_tag, x.until", "address_tombstones", wanted):
+            state.until[(k, p, d)] = until
+        for r in _by_coordinate(cur, "x.seq, x.id, x.pubkey, x.created_at, x.kind, x.d_tag, x.raw", "events", wanted):
+            state.live[(r[4], r[2], r[5])] = Row(*r)
+    return state
+
+
+def _delete_stored(cur: sqlite3.Cursor, rows: list[Row]) -> None:
+    """Remove stored rows and their tag index entries (keys recomputed from the stored JSON)."""
+    if not rows:
+        return
+    cur.executemany("DELETE FROM events WHERE seq = ?", [(r.seq,) for r in rows])
+    keys = [key for r in rows for key in tag_rows(orjson.loads(r.raw)["tags"], r.created_at, r.seq)]
+    cur.executemany("DELETE FROM tags WHERE name = ? AND value = ? AND created_at = ? AND seq = ?", keys)
+
+
+def _delete_by_id(cur: sqlite3.Cursor, targets: list[tuple[bytes, bytes]]) -> list[Row]:
+    # Few per batch: NIP-09 targets stored before it, checked for author and kind by SQL.
+    rows = []
+    for tid, pk in targets:
+        rows += [Row(*r) for r in cur.execute(
+            "SELECT seq, id, pubkey, created_at, kind, d_tag, raw FROM events WHERE id = ? AND pubkey = ? AND kind != 5",
+            (tid, pk))]
+    _delete_stored(cur, rows)
+    return rows
+
+
+def _write_plan(cur: sqlite3.Cursor, plan: BatchPlan) -> list[Row]:
+    """Apply a settled plan; returns the stored rows removed (removals first: coordinates are unique)."""
+    stored_removed = [r for r in plan.removed if r.event is None]
+    _delete_stored(cur, stored_removed)
+    stored_removed += _delete_by_id(cur, plan.deleted_ids)
+    rows = list(plan.inserts.values())
+    if rows:
+        cur.executemany(
+            "INSERT INTO events (seq, id, pubkey, created_at, kind, d_tag, expiration, origin, raw)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(r.seq, r.id, r.pubkey, r.created_at, r.kind, r.d_tag, r.event.expiration, r.origin, r.raw)
+             for r in rows],
+        )
+        cur.executemany(
+            "INSERT OR IGNORE INTO tags (name, value, created_at, seq) VALUES (?, ?, ?, ?)",
+            [key for r in rows for key in tag_rows(r.event.tags, r.created_at, r.seq)],
+        )
+    state = plan.state
+    cur.executemany(
+        "INSERT INTO coordinates (kind, pubkey, d_tag, created_at, id) VALUES (?, ?, ?, ?, ?)"
+        " ON CONFLICT (kind, pubkey, d_tag) DO UPDATE SET created_at = excluded.created_at, id = excluded.id",
+        [(*c, *state.marks[c]) for c in plan.dirty_marks],
     )
-    if cur.rowcount == 0:
-        return DUPLICATE
-    batch.tag_rows[cur.lastrowid] = _tag_rows(ev, cur.lastrowid)
-    batch.changes.inserted.append(ev)
-    if ev.kind == DELETION_KIND:
-        _apply_deletion(cur, ev, idb, pk, batch)
-    return STORED
+    cur.executemany(
+        "INSERT INTO address_tombstones (kind, pubkey, d_tag, until) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (kind, pubkey, d_tag) DO UPDATE SET until = max(until, excluded.until)",
+        [(*c, state.until[c]) for c in plan.dirty_until],
+    )
+    cur.executemany("INSERT OR IGNORE INTO tombstones (id, pubkey, deletion_id) VALUES (?, ?, ?)",
+                    plan.new_tombstones)
+    return stored_removed
+
+
+def _removed(row: Row) -> Removed:
+    return Removed(row.seq, row.id, row.pubkey, row.created_at, row.kind, row.d_tag)
+
+
+def _run_hooks(cur: sqlite3.Cursor, hooks: Sequence[TransactionHook], changes: Changes) -> None:
+    if changes.inserted or changes.removed:
+        for hook in hooks:
+            hook.apply(cur, changes)
 
 
 def apply_batch(conn: sqlite3.Connection, writes: list[Write],
@@ -217,39 +210,37 @@ def apply_batch(conn: sqlite3.Connection, writes: list[Write],
     NIP-01 prefixes of an OK reply, and the `Changes` made.  Rolls back and
     re-raises on any database error: nothing of the batch is kept.
     """
-    batch = _Batch()
     cur = conn.cursor()
     cur.execute("BEGIN IMMEDIATE")
     try:
-        outcomes = [_apply_one(cur, w, batch) for w in writes]
-        rows = [row for rows in batch.tag_rows.values() for row in rows]
-        if rows:
-            cur.executemany("INSERT OR IGNORE INTO tags (name, value, created_at, seq) VALUES (?, ?, ?, ?)", rows)
-        _run_hooks(cur, hooks, batch.changes)
+        plan = BatchPlan(_read_state(cur, [w.event for w in writes]))
+        for w in writes:
+            plan.settle(w.event, w.origin)
+        stored_removed = _write_plan(cur, plan)
+        in_batch = [r for r in plan.removed if r.event is not None]
+        changes = Changes(plan.accepted, [_removed(r) for r in stored_removed + in_batch])
+        _run_hooks(cur, hooks, changes)
         cur.execute("COMMIT")
     except BaseException:
         conn.rollback()
         raise
-    return outcomes, batch.changes
-
-
-def _run_hooks(cur: sqlite3.Cursor, hooks: Sequence[TransactionHook], changes: Changes) -> None:
-    if changes.inserted or changes.removed:
-        for hook in hooks:
-            hook.apply(cur, changes)
+    return plan.outcomes, changes
 
 
 def purge_expired(conn: sqlite3.Connection, now: int, max_rows: int,
                   hooks: Sequence[TransactionHook] = ()) -> Changes:
     """NIP-40: remove up to `max_rows` events whose expiration <= `now` (unix seconds), in one transaction."""
-    batch = _Batch()
     cur = conn.cursor()
     cur.execute("BEGIN IMMEDIATE")
     try:
-        _remove(cur, "seq IN (SELECT seq FROM events WHERE expiration <= ? LIMIT ?)", (now, max_rows), batch)
-        _run_hooks(cur, hooks, batch.changes)
+        rows = [Row(*r) for r in cur.execute(
+            "SELECT seq, id, pubkey, created_at, kind, d_tag, raw FROM events WHERE expiration <= ? LIMIT ?",
+            (now, max_rows))]
+        _delete_stored(cur, rows)
+        changes = Changes([], [_removed(r) for r in rows])
+        _run_hooks(cur, hooks, changes)
         cur.execute("COMMIT")
     except BaseException:
         conn.rollback()
         raise
-    return batch.changes
+    return changes

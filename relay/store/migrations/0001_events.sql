@@ -23,9 +23,8 @@ CREATE TABLE tags (
     value      TEXT NOT NULL,     -- first tag value (position 1)
     created_at INTEGER NOT NULL,  -- copy of events.created_at, so tag filters read in time order
     seq        INTEGER NOT NULL,  -- events.seq
-    PRIMARY KEY (name, value, created_at, seq)
+    PRIMARY KEY (name, value, created_at, seq)  -- rows are found and deleted by their full key only
 ) WITHOUT ROWID;
-CREATE INDEX tags_by_seq ON tags (seq);
 
 CREATE TABLE tombstones (
     id          BLOB NOT NULL,  -- id named by a NIP-09 `e` tag
