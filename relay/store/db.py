@@ -57,7 +57,6 @@ def _configure(conn: sqlite3.Connection, synchronous: str, readonly: bool, autoc
     # KiB of page cache: the writer's 64 MiB holds the hot index pages; readers
     # share the OS page cache and the mmap, so 16 MiB each is enough.
     conn.execute(f"PRAGMA cache_size = {-16384 if readonly else -65536:d}")
-    conn.execute("PRAGMA mmap_size = 268435456")
     if readonly:
         conn.execute("PRAGMA query_only = 1")
     else:
