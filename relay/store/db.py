@@ -55,7 +55,7 @@ def _configure(conn: sqlite3.Connection, synchronous: str, readonly: bool, autoc
     conn.execute("PRAGMA busy_timeout = 5000")
     conn.execute("PRAGMA temp_store = MEMORY")
     # KiB of page cache: the writer's 64 MiB holds the hot index pages; readers
-    # share the OS page cache and the mmap, so 16 MiB each is enough.
+    # share the OS page cache, so 16 MiB each is enough.
     conn.execute(f"PRAGMA cache_size = {-16384 if readonly else -65536:d}")
     if readonly:
         conn.execute("PRAGMA query_only = 1")
