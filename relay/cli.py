@@ -1,4 +1,4 @@
-"""The `relay` command line: serve, import, export.
+"""The `relay` command line: serve, import, export, sync, status.
 
 Every subcommand takes `--config PATH` and `--db PATH`; flags override
 `RELAY_<SECTION>__<KEY>` environment variables, which override the file.
@@ -30,9 +30,38 @@ def _parser() -> argparse.ArgumentParser:
     imp = commands.add_parser("import", parents=[common], help="validate and store events from a JSONL file")
     imp.add_argument("file", type=Path, help="JSONL file, one event object per line ('-' for stdin)")
     exp = commands.add_parser("export", parents=[common], help="write stored events as JSONL")
-    exp.add_argument("--filter", default="{}", help="a NIP-01 filter as JSON (default: every event)")
+    exp.add_argument("--filter", default="{}", help="a NIP-01 filter as JSON; its limit, if any, applies (default: every event)")
     exp.add_argument("--output", "-o", type=Path, help="file to write (default: stdout)")
+    sync = commands.add_parser("sync", parents=[common], help="reconcile with another relay over NIP-77, once")
+    sync.add_argument("url", help="the peer relay's ws:// or wss:// URL")
+    sync.add_argument("--filter", default="{}", help="a NIP-01 filter as JSON, without limit (default: every event)")
+    sync.add_argument("--dir", dest="direction", default="both", choices=("down", "up", "both"),
+                      help="down: fetch what we lack; up: send what the peer lacks; both (default)")
+    sync.add_argument("--frame-size", type=int, help="bytes per negentropy message (default: sync.frame_size_limit)")
+    status = commands.add_parser("status", parents=[common], help="database size, events by kind, sync peers")
+    status.add_argument("--json", action="store_true", help="print JSON for scripts")
+    _projector_parsers(commands, common)
     return parser
+
+
+def _projector_parsers(commands, common: argparse.ArgumentParser) -> None:
+    """`verify`, `projectors list | rebuild NAME | refusals`, `query TABLE` (bodies in relay/projector_commands.py)."""
+    commands.add_parser("verify", parents=[common],
+                        help="recompute every projected table from the events; exit 1 on any difference")
+    proj = commands.add_parser("projectors", parents=[common], help="projected tables: list, rebuild, refusals")
+    actions = proj.add_subparsers(dest="action", required=True)
+    actions.add_parser("list", parents=[common], help="projectors with kind, revision, state, rows, refusals")
+    rebuild = actions.add_parser("rebuild", parents=[common], help="recompute one projector's tables now")
+    rebuild.add_argument("name", help="the projector (table) name")
+    refusals = actions.add_parser("refusals", parents=[common], help="events stored but not projected, newest first")
+    refusals.add_argument("--projector", help="only this projector's refusals")
+    refusals.add_argument("--limit", type=int, default=100, help="rows to show (default 100)")
+    refusals.add_argument("--json", action="store_true", help="one JSON object per line")
+    query = commands.add_parser("query", parents=[common], help="print the rows of a projected table")
+    query.add_argument("table", help="a projected table, e.g. profiles")
+    query.add_argument("--where", help="an SQL condition, e.g. \"name LIKE 'a%%'\" (read-only connection)")
+    query.add_argument("--limit", type=int, help="rows to print at most (default: all)")
+    query.add_argument("--json", action="store_true", help="one JSON object per line instead of tab-separated")
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -62,6 +91,30 @@ def main(argv: list[str] | None = None) -> int:
         from relay.commands import run_import
 
         return asyncio.run(run_import(config, args.file))
+    if args.command == "sync":
+        from relay.sync.command import run_sync
+
+        return asyncio.run(run_sync(config, args.url, args.filter, args.direction, args.frame_size))
+    if args.command == "status":
+        from relay.status import run_status
+
+        return run_status(config, args.json)
+    if args.command in ("verify", "projectors", "query"):
+        return _run_projector_command(config, args)
     from relay.commands import run_export
 
     return asyncio.run(run_export(config, args.filter, args.output))
+
+
+def _run_projector_command(config: Config, args: argparse.Namespace) -> int:
+    from relay import projector_commands as pc
+
+    if args.command == "verify":
+        return pc.run_verify(config)
+    if args.command == "query":
+        return pc.run_query(config, args.table, args.where, args.json, args.limit)
+    if args.action == "list":
+        return pc.run_projectors_list(config)
+    if args.action == "rebuild":
+        return pc.run_projectors_rebuild(config, args.name)
+    return pc.run_projectors_refusals(config, args.projector, args.limit, args.json)

@@ -24,7 +24,9 @@ async def run_import(config: Config, path: Path) -> int:
     except OSError as exc:
         console.print(f"relay import: {exc}")
         return 2
-    store = await Store.open(config.store.path, config.store.options(read_connections=1))
+    from relay.hooks import hooks  # transaction hooks (projectors, ...): every writer must run them
+
+    store = await Store.open(config.store.path, config.store.options(read_connections=1), hooks(config))
     try:
         with source:
             total = None if source is sys.stdin.buffer else sum(1 for _ in path.open("rb"))

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from relay.protocol.event import EventLimits
+from relay.store.projectors.builtin import builtin_projectors  # [[projectors]]
+from relay.store.projectors.spec import ProjectorSpec, SpecError, parse_specs  # [[projectors]]
 from relay.store.store import StoreOptions
 
 ENV_PREFIX = "RELAY_"
@@ -78,6 +80,8 @@ class StoreConfig:
     expiry_purge_interval_seconds: float = 60.0
     checkpoint_interval_seconds: float = 1.0
     verify_threads: int = 2
+    max_projector_refusals: int = 10_000  # [[projectors]]: rows kept in the refusal log
+    projector_rebuild_batch: int = 10_000  # [[projectors]]: events per rebuild transaction
 
     def options(self, read_connections: int | None = None) -> StoreOptions:
         """The Store's options; `read_connections` overrides the pool size (offline commands need one)."""
@@ -95,6 +99,137 @@ class LogConfig:
     format: str = "auto"
 
 
+# --- [sync] (relay/sync/) ---------------------------------------------------------------------------
+
+SYNC_DIRECTIONS = ("down", "up", "both")
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    """One `[[sync.peers]]` table: a relay kept in sync with this one.
+
+    `filter` is the NIP-01 filter as compact JSON (from a TOML table or a JSON
+    string); `direction` is "down" (fetch), "up" (push) or "both"; `pubkey`
+    is the peer node's 64-hex key, informative for now ("" when unknown).
+    """
+
+    url: str
+    direction: str = "both"
+    filter: str = "{}"
+    pubkey: str = ""
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    """[sync]: peer sync with NIP-77 (seconds, bytes, counts); `peers` come from the file only."""
+
+    secret_key_file: str = ""
+    interval_seconds: float = 300.0
+    frame_size_limit: int = 60_000
+    fetch_batch: int = 500
+    fetch_in_flight: int = 2
+    push_in_flight: int = 500
+    live_queue: int = 10_000
+    timeout_seconds: float = 30.0
+    connect_timeout_seconds: float = 10.0
+    backoff_initial_seconds: float = 1.0
+    backoff_max_seconds: float = 300.0
+    lease_seconds: float = 60.0
+    peers: tuple[PeerConfig, ...] = ()
+
+
+def _parse_peers(value: Any) -> tuple[PeerConfig, ...]:
+    """`[[sync.peers]]` tables into PeerConfigs; raises ConfigError naming `sync.peers[i].<key>`."""
+    import json
+
+    from relay.protocol.event import is_hex64
+    from relay.protocol.filters import parse_filter
+    from relay.protocol.rejection import Rejection
+
+    if type(value) is not list:
+        raise ConfigError("sync.peers: must be an array of tables ([[sync.peers]])")
+    peers, urls = [], set()
+    for i, table in enumerate(value):
+        name = f"sync.peers[{i}]"
+        if type(table) is not dict:
+            raise ConfigError(f"{name}: must be a table")
+        for key in table:
+            if key not in ("url", "direction", "filter", "pubkey"):
+                raise ConfigError(f"{name}.{key}: unknown key")
+        url = table.get("url")
+        if type(url) is not str or not url.startswith(("ws://", "wss://")):
+            raise ConfigError(f"{name}.url: must be a ws:// or wss:// URL, got {url!r}")
+        url = url.rstrip("/") if url.count("/") <= 3 else url
+        if url in urls:
+            raise ConfigError(f"{name}.url: {url} is listed twice")
+        urls.add(url)
+        direction = table.get("direction", "both")
+        if direction not in SYNC_DIRECTIONS:
+            raise ConfigError(f"{name}.direction: must be one of {', '.join(SYNC_DIRECTIONS)}, got {direction!r}")
+        filter_obj = table.get("filter", {})
+        try:
+            if type(filter_obj) is str:
+                filter_obj = json.loads(filter_obj)
+            parsed = parse_filter(filter_obj)
+        except (ValueError, Rejection) as exc:
+            raise ConfigError(f"{name}.filter: {exc}") from None
+        if parsed.limit is not None:
+            raise ConfigError(f"{name}.filter: limit has no meaning for sync")
+        pubkey = table.get("pubkey", "")
+        if pubkey != "" and not is_hex64(pubkey):
+            raise ConfigError(f"{name}.pubkey: must be 64 lowercase hex characters, got {pubkey!r}")
+        peers.append(PeerConfig(url, direction, json.dumps(filter_obj, separators=(",", ":"), sort_keys=True),
+                                pubkey))
+    return tuple(peers)
+
+
+# --- [negentropy] (NIP-77, relay side: relay/server/negentropy.py, relay/store/negentropy_index.py) ---------
+
+
+@dataclass(frozen=True)
+class NegentropyConfig:
+    """[negentropy]: answering NIP-77 NEG-OPEN (bytes, counts of items, seconds); `filters` from the file only.
+
+    `filters` are NIP-01 filter tables without since/until/limit whose
+    (created_at, id) index is kept in the write transaction, as it always is
+    for the full set; other NEG-OPEN filters are answered from a query.
+    """
+
+    enabled: bool = True
+    frame_size_limit: int = 500_000
+    max_sync_events: int = 1_000_000
+    max_session_items: int = 4_000_000
+    max_sessions_per_connection: int = 8
+    idle_timeout_seconds: float = 60.0
+    filters: tuple[dict, ...] = ()
+
+
+NEG_ENVELOPE_BYTES = 512
+"""Room for `["NEG-MSG","<subscription id, JSON-escaped>",""]` around a hex frame, in bytes."""
+
+
+def _parse_negentropy_filters(value: Any) -> tuple[dict, ...]:
+    """`[negentropy] filters` (an array of filter tables) checked with parse_filter; raises ConfigError."""
+    from relay.protocol.filters import parse_filter
+    from relay.protocol.rejection import Rejection
+
+    if type(value) is not list:
+        raise ConfigError("negentropy.filters: must be an array of filter tables")
+    for i, table in enumerate(value):
+        name = f"negentropy.filters[{i}]"
+        if type(table) is not dict:
+            raise ConfigError(f"{name}: must be a table (a NIP-01 filter)")
+        for key in ("since", "until", "limit"):
+            if key in table:
+                raise ConfigError(f"{name}.{key}: an indexed filter has no {key}")
+        try:
+            if parse_filter(table).is_empty():
+                raise ConfigError(f"{name}: matches no event")
+        except Rejection as exc:
+            raise ConfigError(f"{name}: {exc}") from None
+    return tuple(value)
+
+
 @dataclass(frozen=True)
 class Config:
     """The whole configuration, one attribute per TOML section."""
@@ -104,6 +239,10 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    negentropy: NegentropyConfig = field(default_factory=NegentropyConfig)
+    # [[projectors]]: an array of tables, not a section; absent from the file means the built-in ones.
+    projectors: tuple[ProjectorSpec, ...] = field(default_factory=builtin_projectors)
 
 
 _CHOICES = {
@@ -111,8 +250,16 @@ _CHOICES = {
     ("log", "level"): ("debug", "info", "warning", "error"),
     ("log", "format"): ("auto", "json", "console"),
 }
+_MINIMUM_SYNC = {"frame_size_limit": 4096, "fetch_batch": 1, "fetch_in_flight": 1, "push_in_flight": 1,
+                 "live_queue": 1, "interval_seconds": 0.1, "timeout_seconds": 0.1,
+                 "connect_timeout_seconds": 0.1, "backoff_initial_seconds": 0.01, "backoff_max_seconds": 0.01,
+                 "lease_seconds": 1.0}
 _MINIMUM = {("server", "port"): 0, ("store", "read_connections"): 1, ("store", "verify_threads"): 1,
-            ("store", "max_batch"): 1, ("store", "writer_queue_size"): 1}
+            ("store", "max_batch"): 1, ("store", "writer_queue_size"): 1,
+            ("store", "max_projector_refusals"): 1, ("store", "projector_rebuild_batch"): 1}
+_MINIMUM.update({("sync", key): low for key, low in _MINIMUM_SYNC.items()})
+_MINIMUM.update({("negentropy", "frame_size_limit"): 4096,  # the engine's MIN_FRAME_SIZE_LIMIT
+                 ("negentropy", "max_sessions_per_connection"): 1, ("negentropy", "idle_timeout_seconds"): 0.1})
 
 
 def _section_types(section: str) -> dict[str, type]:
@@ -121,6 +268,10 @@ def _section_types(section: str) -> dict[str, type]:
 
 
 def _check_value(section: str, key: str, value: Any) -> Any:
+    if (section, key) == ("sync", "peers"):
+        return _parse_peers(value)
+    if (section, key) == ("negentropy", "filters"):
+        return _parse_negentropy_filters(value)
     expected = _section_types(section)[key]
     name = f"{section}.{key}"
     if expected is float and type(value) is int:
@@ -139,6 +290,8 @@ def _check_value(section: str, key: str, value: Any) -> Any:
 
 def _parse_env_value(section: str, key: str, text: str) -> Any:
     expected = _section_types(section)[key]
+    if expected is tuple:
+        raise ConfigError(f"{section}.{key}: lists and tables come from the configuration file only")
     if expected is str:
         return text
     if expected is bool:
@@ -151,12 +304,26 @@ def _parse_env_value(section: str, key: str, text: str) -> Any:
         raise ConfigError(f"{section}.{key}: expected {expected.__name__}, got {text!r}") from None
 
 
+_TABLE_ARRAYS = ("projectors",)  # top-level arrays of tables ([[projectors]]), from the file only
+
+
 def _sections() -> set[str]:
-    return {f.name for f in dataclasses.fields(Config)}
+    return {f.name for f in dataclasses.fields(Config)} - set(_TABLE_ARRAYS)
+
+
+def _parse_projectors(value: Any) -> tuple[ProjectorSpec, ...]:
+    """`[[projectors]]` tables (or `projectors = []`) into specs; raises ConfigError naming projector and field."""
+    try:
+        return parse_specs(value)
+    except SpecError as exc:
+        raise ConfigError(f"projectors: {exc}") from None
 
 
 def _merge_file(values: dict[str, dict[str, Any]], data: dict[str, Any]) -> None:
     for section, table in data.items():
+        if section == "projectors":
+            values["projectors"] = _parse_projectors(table)  # type: ignore[assignment]
+            continue
         if section not in _sections():
             raise ConfigError(f"{section}: unknown section")
         if not isinstance(table, dict):
@@ -190,7 +357,7 @@ def load_config(
         ConfigError: an unreadable file, an unknown section or key, or a bad
         value; the message names the key and the reason.
     """
-    values: dict[str, dict[str, Any]] = {s: {} for s in _sections()}
+    values: dict[str, Any] = {s: {} for s in _sections()}
     if path is not None:
         try:
             data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
@@ -203,8 +370,8 @@ def load_config(
             if value is not None:
                 values[section][key] = _check_value(section, key, value)
     config = Config(**{
-        f.name: f.default_factory(**values[f.name]) for f in dataclasses.fields(Config)
-    })
+        f.name: f.default_factory(**values[f.name]) for f in dataclasses.fields(Config) if f.name in _sections()
+    }, projectors=values.get("projectors", builtin_projectors()))
     _check_consistency(config)
     return config
 
@@ -218,3 +385,12 @@ def _check_consistency(config: Config) -> None:
         raise ConfigError("limits.max_live_queue: must exceed store.max_batch")
     if limits.max_message_bytes < 1024:
         raise ConfigError("limits.max_message_bytes: must be at least 1024")
+    if config.sync.backoff_initial_seconds > config.sync.backoff_max_seconds:
+        raise ConfigError("sync.backoff_initial_seconds: must not exceed sync.backoff_max_seconds")
+    neg = config.negentropy
+    if neg.enabled and limits.max_message_bytes < 2 * neg.frame_size_limit + NEG_ENVELOPE_BYTES:
+        # NIP-77 frames travel as hex: a NEG-MSG of a full frame is twice its size plus the envelope.
+        raise ConfigError(f"limits.max_message_bytes: must be at least 2 * negentropy.frame_size_limit"
+                          f" + {NEG_ENVELOPE_BYTES} = {2 * neg.frame_size_limit + NEG_ENVELOPE_BYTES}")
+    if neg.max_session_items < neg.max_sync_events:
+        raise ConfigError("negentropy.max_session_items: must be at least negentropy.max_sync_events")

@@ -1,9 +1,10 @@
-"""Client and relay messages of NIP-01 and NIP-45: parse what comes in, encode what goes out.
+"""Client and relay messages of NIP-01, NIP-45 and NIP-77: parse what comes in, encode what goes out.
 
 Parsing turns one WebSocket text frame into an envelope; a frame that cannot
 be answered in kind raises `MessageError`, whose `verb` and `ref` tell the
 connection how to answer (OK for an EVENT with a readable id, CLOSED for a
-REQ/COUNT with a subscription id, NOTICE otherwise).  Encoders return UTF-8
+REQ/COUNT with a subscription id, NEG-ERR for NEG-OPEN/NEG-MSG with one,
+NOTICE otherwise).  Encoders return UTF-8
 bytes ready to send as a text frame.
 """
 
@@ -49,6 +50,37 @@ class CloseEnvelope:
     """`["CLOSE", <sub_id>]` (NIP-01)."""
 
     sub_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class NegOpenEnvelope:
+    """`["NEG-OPEN", <sub_id>, <filter>, <initial message, hex>]` (NIP-77).
+
+    `initial_message_hex` is checked to be hex (an even number of 0-9a-fA-F
+    characters), not decoded.  NEG sub_ids are a namespace apart from REQ's.
+    """
+
+    sub_id: str
+    filter: Filter
+    initial_message_hex: str
+
+
+@dataclass(frozen=True, slots=True)
+class NegMsgEnvelope:
+    """`["NEG-MSG", <sub_id>, <message, hex>]` (NIP-77); `message_hex` is checked like NEG-OPEN's."""
+
+    sub_id: str
+    message_hex: str
+
+
+@dataclass(frozen=True, slots=True)
+class NegCloseEnvelope:
+    """`["NEG-CLOSE", <sub_id>]` (NIP-77)."""
+
+    sub_id: str
+
+
+NEG_VERBS = ("NEG-OPEN", "NEG-MSG", "NEG-CLOSE")
 
 
 class MessageError(Rejection):
@@ -109,7 +141,7 @@ def _filters(message: list, verb: str, sub_id: str, max_filters: int, max_items:
 
 
 def parse_client_message(data: str | bytes, max_filters: int, max_items: int = 10_000):
-    """Parse one client frame into an Event/Req/Count/Close envelope (NIP-01, NIP-45).
+    """Parse one client frame into an Event/Req/Count/Close/Neg* envelope (NIP-01, NIP-45, NIP-77).
 
     `max_filters` bounds the filters of one REQ or COUNT; `max_items` the
     length of each list inside a filter.
@@ -139,7 +171,39 @@ def parse_client_message(data: str | bytes, max_filters: int, max_items: int = 1
         if len(message) != 2:
             raise MessageError(Rejection("invalid", "CLOSE takes exactly one subscription id"), verb)
         return CloseEnvelope(_sub_id(message[1], verb))
+    if verb in NEG_VERBS:
+        return _parse_neg(message, verb, max_items)
     raise MessageError(Rejection("invalid", f"unknown message type {verb[:32]!r}"), verb)
+
+
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+
+def _neg_hex(value: object, verb: str, sub_id: str) -> str:
+    if type(value) is not str or len(value) % 2 or not _HEX_DIGITS.issuperset(value):
+        raise MessageError(Rejection("invalid", "negentropy message must be a hex string"), verb, sub_id)
+    return value
+
+
+def _parse_neg(message: list, verb: str, max_items: int):
+    """NIP-77 NEG-OPEN / NEG-MSG / NEG-CLOSE; errors carry the sub_id once it could be read."""
+    sub_id = _sub_id(message[1] if len(message) > 1 else None, verb)
+    if verb == "NEG-CLOSE":
+        if len(message) != 2:
+            raise MessageError(Rejection("invalid", "NEG-CLOSE takes exactly one subscription id"), verb, sub_id)
+        return NegCloseEnvelope(sub_id)
+    if verb == "NEG-MSG":
+        if len(message) != 3:
+            raise MessageError(Rejection("invalid", "NEG-MSG takes a subscription id and a message"), verb, sub_id)
+        return NegMsgEnvelope(sub_id, _neg_hex(message[2], verb, sub_id))
+    if len(message) != 4:
+        raise MessageError(Rejection("invalid", "NEG-OPEN takes a subscription id, a filter and a message"),
+                           verb, sub_id)
+    try:
+        f = parse_filter(message[2], max_items)
+    except Rejection as exc:
+        raise MessageError(exc, verb, sub_id) from None
+    return NegOpenEnvelope(sub_id, f, _neg_hex(message[3], verb, sub_id))
 
 
 def encode_ok(event_id: str, accepted: bool, message: str = "") -> bytes:
@@ -170,3 +234,13 @@ def encode_notice(message: str) -> bytes:
 def encode_count(sub_id: str, count: int) -> bytes:
     """`["COUNT", <sub_id>, {"count": <n>}]` (NIP-45)."""
     return orjson.dumps(["COUNT", sub_id, {"count": count}])
+
+
+def encode_neg_msg(sub_id: str, message: bytes) -> bytes:
+    """`["NEG-MSG", <sub_id>, <message as lowercase hex>]` (NIP-77); `message` is a negentropy message."""
+    return orjson.dumps(["NEG-MSG", sub_id, message.hex()])
+
+
+def encode_neg_err(sub_id: str, reason: str) -> bytes:
+    """`["NEG-ERR", <sub_id>, <prefix: reason>]` (NIP-77, NIP-01 prefixes); the session is closed after it."""
+    return orjson.dumps(["NEG-ERR", sub_id, reason])

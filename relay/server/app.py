@@ -12,6 +12,7 @@ import asyncio
 import gc
 import itertools
 import signal
+import sys
 from collections.abc import Callable
 from http import HTTPStatus
 
@@ -24,6 +25,7 @@ from relay.config import Config
 from relay.protocol.event import Event, is_ephemeral
 from relay.server import nip11
 from relay.server.connection import Connection
+from relay.server.negentropy import NegentropyService
 from relay.server.subscriptions import SubscriptionIndex
 from relay.server.verifier import Verifier
 from relay.store.store import Store
@@ -31,6 +33,7 @@ from relay.store.writes import Changes
 
 log = structlog.get_logger(__name__)
 
+_SWITCH_INTERVAL_SECONDS = 0.0005
 _CORS = [("Access-Control-Allow-Origin", "*"), ("Access-Control-Allow-Headers", "*"),
          ("Access-Control-Allow-Methods", "GET, OPTIONS")]
 
@@ -48,20 +51,34 @@ class Relay:
         self.slow_readers = 0
         self._conn_ids = itertools.count(1)
         self._background: list[asyncio.Task] = []
+        self.sync = None  # relay.sync.scheduler.Scheduler while [[sync.peers]] are configured
+        self.negentropy: NegentropyService | None = None  # NIP-77 responder, from start()
 
     async def start(self) -> None:
         """Open the store and start listening on `config.server` (port 0: any free port)."""
         s = self.config.store
-        self.store = await Store.open(s.path, s.options())
+        from relay.hooks import hooks  # transaction hooks: projectors, ...
+
+        self.store = await Store.open(s.path, s.options(), hooks(self.config))
         self.store.add_listener(self._on_commit)
-        self.server = await serve(
-            self._handle, self.config.server.host, self.config.server.port,
-            process_request=self._process_request,
-            max_size=self.config.limits.max_message_bytes,
-            max_queue=16, compression=None, ping_interval=30, ping_timeout=30,
-        )
+        self.negentropy = NegentropyService(self.config.negentropy, self.store, self.internal_error)
+        try:
+            self.server = await serve(
+                self._handle, self.config.server.host, self.config.server.port,
+                process_request=self._process_request,
+                max_size=self.config.limits.max_message_bytes,
+                max_queue=16, compression=None, ping_interval=30, ping_timeout=30,
+            )
+        except OSError:
+            # e.g. the port is taken: release the store's threads, or the process cannot exit.
+            await self.store.close()
+            self.verifier.close()
+            raise
         self._background = [asyncio.create_task(self._purge_expired_forever(), name="expiry-purge")]
         log.info("relay_started", url=self.url, db=str(s.path))
+        from relay.sync.scheduler import start_sync  # peer sync: node key, [[sync.peers]] (relay/sync/)
+
+        self.sync = await start_sync(self.config, self.store)
 
     @property
     def port(self) -> int:
@@ -78,6 +95,8 @@ class Relay:
         """Stop accepting, close sockets with 1001, drain the writer, close the store."""
         for task in self._background:
             task.cancel()
+        if self.sync is not None:  # peer sync first: it releases its leases and stops writing
+            await self.sync.stop()
         if self.server is not None:
             self.server.close(close_connections=True)
             try:
@@ -151,11 +170,18 @@ def _response(status: HTTPStatus, body: bytes, content_type: str) -> Response:
 async def run_relay(config: Config) -> int:
     """Serve until SIGINT/SIGTERM or until the store fails; returns the process exit code."""
     relay = Relay(config)
-    await relay.start()
+    try:
+        await relay.start()
+    except OSError as exc:
+        log.error("listen_failed", host=config.server.host, port=config.server.port, error=str(exc))
+        return 1
     # Start-up objects never die: keep them out of GC passes, and collect the
     # young generation less often (every event allocates a few containers).
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
+    # The writer and verifier threads drop the GIL inside SQLite and secp256k1;
+    # a short switch interval lets them take it back without waiting 5 ms.
+    sys.setswitchinterval(_SWITCH_INTERVAL_SECONDS)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

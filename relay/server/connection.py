@@ -30,6 +30,9 @@ from relay.protocol.envelopes import (
     CountEnvelope,
     EventEnvelope,
     MessageError,
+    NegCloseEnvelope,
+    NegMsgEnvelope,
+    NegOpenEnvelope,
     ReqEnvelope,
     encode_closed,
     encode_count,
@@ -90,6 +93,7 @@ class Connection:
         self._queued_live = 0
         self._queued_oks = 0
         self._closing = False
+        self.negentropy = relay.negentropy.sessions_for(self.send)  # NIP-77 sessions (relay/server/negentropy.py)
 
     async def run(self) -> None:
         """Read frames until the socket closes, then release everything held."""
@@ -105,6 +109,7 @@ class Connection:
             sender.cancel()
             for sub_id in list(self.subscriptions):
                 self._unsubscribe(sub_id)
+            self.negentropy.close_all()
 
     async def _dispatch(self, message: str | bytes) -> None:
         # The one broad catch of the message loop: a bug answers NOTICE, never kills the socket.
@@ -123,6 +128,8 @@ class Connection:
                 await self._count(envelope)
             elif type(envelope) is CloseEnvelope:
                 self._unsubscribe(envelope.sub_id)
+            elif type(envelope) in (NegOpenEnvelope, NegMsgEnvelope, NegCloseEnvelope):
+                await self.negentropy.handle(envelope)  # NIP-77, answered in order
         except MessageError as err:
             await self._answer_error(err)
         except ConnectionClosed:
@@ -136,6 +143,8 @@ class Connection:
             await self.send(encode_ok(err.ref, False, str(err)))
         elif err.verb in ("REQ", "COUNT") and err.ref is not None:
             await self.send(encode_closed(err.ref, str(err)))
+        elif err.verb in ("NEG-OPEN", "NEG-MSG") and err.ref is not None:
+            await self.negentropy.refuse(err.ref, str(err))  # NIP-77: NEG-ERR, and the session ends
         else:
             await self.send(encode_notice(str(err)))
 

@@ -24,7 +24,7 @@ def document(config: Config) -> bytes:
     doc = {
         "name": info.name,
         "description": info.description,
-        "supported_nips": SUPPORTED_NIPS,
+        "supported_nips": sorted(SUPPORTED_NIPS + ([77] if config.negentropy.enabled else [])),  # 77: NEG-*
         "software": "relay",
         "version": _version(),
         "limitation": {

@@ -207,6 +207,21 @@ class Store:
         finally:
             self._readers.put_nowait(conn)
 
+    async def read_snapshot(self, fn, *args):
+        """Run `fn(sqlite3_conn, *args)` on a read connection inside ONE read transaction, ended on return.
+
+        For a job whose statements must all see one state (a NIP-77 message
+        answered from the negentropy index); no snapshot outlives the job.
+        """
+        def in_transaction(conn, *fn_args):
+            conn.execute("BEGIN")
+            try:
+                return fn(conn, *fn_args)
+            finally:
+                conn.execute("ROLLBACK")  # it only read
+
+        return await self._read(in_transaction, *args)
+
     async def query(self, filters: list[Filter], default_limit: int, max_limit: int) -> list[bytes]:
         """Raw JSON of the live events matching any filter, newest first (ties: lowest id).
 
@@ -232,12 +247,14 @@ class Store:
         return await self._read(run_count, compiled)
 
     async def scan(self, f: Filter, chunk_rows: int = 1000) -> AsyncIterator[bytes]:
-        """Yield the raw JSON of every live event matching `f`, newest first, without limit.
+        """Yield the raw JSON of every live event matching `f`, newest first, up to `f.limit` if it has one.
 
-        Holds one read connection (one snapshot) until the iteration ends.
+        Unlike `query`, no default or maximum limit applies.  Holds one read
+        connection (one snapshot) until the iteration ends.
         """
         conn = await self._readers.get()
-        compiled = compile_filter(f, -1, int(time.time()))  # SQLite: a negative LIMIT is no limit
+        # SQLite: a negative LIMIT is no limit.
+        compiled = compile_filter(f, -1 if f.limit is None else f.limit, int(time.time()))
         cursor = None
         try:
             cursor = await db.run(conn, lambda c: c.execute(compiled.sql, compiled.params))
@@ -248,6 +265,17 @@ class Store:
             if cursor is not None:
                 await db.run(conn, lambda c: cursor.close())
             self._readers.put_nowait(conn)
+
+    async def items(self, f: Filter) -> list[tuple[int, bytes]]:
+        """(created_at, 32-byte id) of every live event matching `f`, ignoring its `limit`.
+
+        The local side of a NIP-77 reconciliation (relay/sync/); one read job, one snapshot.
+        """
+        if f.is_empty():
+            return []
+        compiled = compile_filter(f, -1, int(time.time()))  # SQLite: a negative LIMIT is no limit
+        sql = f"SELECT created_at, id FROM ({compiled.sql})"  # raw is not read: the subquery is flattened
+        return await self._read(lambda c: c.execute(sql, compiled.params).fetchall())
 
     async def close(self) -> None:
         """Drain the writer queue, stop the writer and close every connection."""

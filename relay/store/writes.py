@@ -55,7 +55,8 @@ class Changes:
 
     inserted: list[Event] = field(default_factory=list)
     removed: list[Removed] = field(default_factory=list)
-    # event id (hex) -> peer URL, for inserted events that came by peer sync (relay/sync/ skips echoes with it)
+    # event id (hex) -> peer URL for the batch's writes that came by peer sync (look up ids of `inserted`);
+    # relay/sync/ never pushes an event back to the peer it came from
     origins: dict[str, str] = field(default_factory=dict)
 
     def net(self) -> tuple[list[Event], list[Removed]]:
@@ -218,7 +219,8 @@ def apply_batch(conn: sqlite3.Connection, writes: list[Write],
             plan.settle(w.event, w.origin)
         stored_removed = _write_plan(cur, plan)
         in_batch = [r for r in plan.removed if r.event is not None]
-        changes = Changes(plan.accepted, [_removed(r) for r in stored_removed + in_batch])
+        changes = Changes(plan.accepted, [_removed(r) for r in stored_removed + in_batch],
+                          {w.event.id: w.origin for w in writes if w.origin})  # peer sync: no echo to the origin
         _run_hooks(cur, hooks, changes)
         cur.execute("COMMIT")
     except BaseException:

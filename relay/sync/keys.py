@@ -74,7 +74,11 @@ def load_or_create(path: Path) -> NodeKey:
         log.info("node_key_created", path=str(path), pubkey=key.pubkey)
         return key
     try:
-        text = path.read_text(encoding="ascii").strip()
+        for _ in range(20):  # another process may have created it a moment ago and be writing it
+            text = path.read_text(encoding="ascii").strip()
+            if text:
+                break
+            time.sleep(0.05)
         mode = path.stat().st_mode
     except (OSError, UnicodeDecodeError) as exc:
         raise NodeKeyError(f"{path}: cannot read the node key: {exc}") from None

@@ -55,7 +55,7 @@ class PeerNotice(PeerError):
 class _Subscription:
     """A REQ: a fetch collects `events` until EOSE; a live one passes each event to `on_event`."""
 
-    __slots__ = ("filter_obj", "events", "done", "on_event")
+    __slots__ = ("filter_obj", "events", "done", "on_event", "last")
 
     def __init__(self, filter_obj: dict, done: asyncio.Future | None,
                  on_event: Callable[[object], None] | None) -> None:
@@ -63,6 +63,7 @@ class _Subscription:
         self.events: list[object] = []
         self.done = done
         self.on_event = on_event
+        self.last = 0.0  # loop time of the REQ or of its last EVENT
 
 
 class PeerConnection:
@@ -76,7 +77,7 @@ class PeerConnection:
         self._loop = asyncio.get_running_loop()
         self._last_received = self._loop.time()
         self._ids = itertools.count(1)
-        self._oks: dict[str, asyncio.Future] = {}
+        self._oks: dict[str, list[Callable[[str, bool, str], None]]] = {}  # event id -> who waits for its OK
         self._subs: dict[str, _Subscription] = {}
         self._negs: dict[str, asyncio.Queue] = {}
         self._auth_ids: set[str] = set()
@@ -119,28 +120,40 @@ class PeerConnection:
         except Exception:  # closing a broken socket: nothing left to do
             pass
         self._reader.cancel()
-        try:
-            await self._reader
-        except (asyncio.CancelledError, Exception):
-            pass
+        await asyncio.wait({self._reader})  # unlike `await`, never mistakes the reader's cancellation for ours
 
     # --- sending and waiting ------------------------------------------------------------------------
 
     async def _send(self, message: bytes) -> None:
+        await self._send_many((message,))
+
+    async def _send_many(self, messages) -> None:
+        """Write UTF-8 JSON messages as text frames, paying websockets' flow-control wait once.
+
+        `send_context` and `protocol.send_text` are the primitives websockets'
+        own `send` uses (as in server/connection.py).
+        """
         if self._failed.done():
             raise self._failed.exception()
         try:
-            await self._ws.send(message, text=True)
+            async with self._ws.send_context():
+                for message in messages:
+                    self._ws.protocol.send_text(message)
         except ConnectionClosed as exc:
-            self._fail(PeerError(f"connection to {self.url} lost: {exc}"))
+            self._fail(self._closed_error(exc))
             raise self._failed.exception() from None
 
-    async def _wait(self, awaitable: Awaitable, what: str):
-        """Await `awaitable`, failing when the peer is silent for `reply_timeout_seconds` or breaks."""
+    async def _wait(self, awaitable: Awaitable, what: str, progress: Callable[[], float] | None = None):
+        """Await `awaitable`, failing when it sees no progress for `reply_timeout_seconds`, or the connection breaks.
+
+        `progress()` is the loop time of the last sign of progress on this
+        request (default: of the last message from the peer).
+        """
         task = asyncio.ensure_future(awaitable)
+        progress = progress or (lambda: self._last_received)
         try:
             while True:
-                remaining = self._last_received + self.reply_timeout_seconds - self._loop.time()
+                remaining = progress() + self.reply_timeout_seconds - self._loop.time()
                 if remaining <= 0:
                     raise PeerError(f"timed out: no answer from {self.url} to {what} "
                                     f"within {self.reply_timeout_seconds:g} s")
@@ -171,13 +184,18 @@ class PeerConnection:
                     continue
                 if type(message) is list and message and type(message[0]) is str:
                     self._route(message)
-            self._fail(PeerError(f"{self.url} closed the connection"
-                                 f" (code {self._ws.close_code}, reason {self._ws.close_reason!r})"))
+            self._fail(self._closed_error(None))
         except ConnectionClosed as exc:
-            self._fail(PeerError(f"connection to {self.url} lost: {exc}"))
+            self._fail(self._closed_error(exc))
         except Exception as exc:  # the one broad catch of the reader: a bug ends this connection only
             log.error("peer_reader_failed", peer=self.url, error=repr(exc), exc_info=exc)
             self._fail(PeerError(f"internal error reading from {self.url}: {exc!r}"))
+
+    def _closed_error(self, exc: ConnectionClosed | None) -> PeerError:
+        if self._ws.close_code is not None and self._ws.close_code != 1006:
+            reason = f", reason {self._ws.close_reason!r}" if self._ws.close_reason else ""
+            return PeerError(f"{self.url} closed the connection (code {self._ws.close_code}{reason})")
+        return PeerError(f"connection to {self.url} lost{f': {exc}' if exc else ''}")
 
     def _route(self, m: list) -> None:
         verb, n = m[0], len(m)
@@ -187,6 +205,7 @@ class PeerConnection:
                 sub.on_event(m[2])
             elif sub is not None:
                 sub.events.append(m[2])
+                sub.last = self._last_received
         elif verb == "OK" and n >= 3 and type(m[1]) is str:
             self._on_ok(m[1], m[2] is True, m[3] if n > 3 and type(m[3]) is str else "")
         elif verb == "EOSE" and n >= 2:
@@ -215,9 +234,8 @@ class PeerConnection:
             self._auth_changed.set()
             self._auth_changed = asyncio.Event()
             return
-        future = self._oks.get(event_id)
-        if future is not None and not future.done():
-            future.set_result((accepted, message))
+        for waiter in self._oks.pop(event_id, ()):
+            waiter(event_id, accepted, message)
 
     def _on_closed(self, sub_id: str, message: str) -> None:
         sub = self._subs.get(sub_id)
@@ -254,12 +272,13 @@ class PeerConnection:
         """
         if self.key is None:
             raise PeerError(f"{self.url} requires authentication ({refusal!r}) and no node key is set")
+        started = self._loop.time()
         while not self._authed:
             if self._auth_refusal is not None:
                 raise PeerError(f"{self.url} refused our NIP-42 AUTH as node {self.key.pubkey}: "
                                 f"{self._auth_refusal!r} (it requires it: {refusal!r})")
             try:
-                await self._wait(self._auth_changed.wait(), f"our AUTH (needed for {what})")
+                await self._wait(self._auth_changed.wait(), f"our AUTH (needed for {what})", lambda: started)
             except PeerError as exc:
                 if self._failed.done():
                     raise
@@ -278,27 +297,50 @@ class PeerConnection:
     # --- requests -----------------------------------------------------------------------------------
 
     async def publish(self, raw_event: bytes, event_id: str) -> tuple[bool, str]:
-        """Send `["EVENT", raw_event]` and wait for its OK: (accepted, message).
+        """Send one event; see `publish_many`."""
+        return (await self.publish_many([(event_id, raw_event)]))[0]
 
-        Sent again once after our AUTH is accepted if refused with "auth-required:".
+    async def publish_many(self, events: list[tuple[str, bytes]]) -> list[tuple[bool, str]]:
+        """Send `["EVENT", raw]` for each (id, raw JSON) in one write and wait for every OK: (accepted, message) each.
+
+        Events refused with "auth-required:" are sent once more after our AUTH is accepted.
 
         Raises:
-            PeerError: timeout, lost connection, NOTICE, or refused AUTH.
+            PeerError: no OK for `reply_timeout_seconds` since the last one, lost connection, NOTICE, refused AUTH.
         """
-        future = self._loop.create_future()
-        self._oks[event_id] = future
-        try:
-            await self._send(b'["EVENT",' + raw_event + b"]")
-            accepted, message = await self._wait(future, "EVENT")
-            if not accepted and message.startswith(AUTH_REQUIRED):
-                await self._await_auth(message, "EVENT")
-                future = self._loop.create_future()
-                self._oks[event_id] = future
-                await self._send(b'["EVENT",' + raw_event + b"]")
-                accepted, message = await self._wait(future, "EVENT")
-            return accepted, message
-        finally:
-            self._oks.pop(event_id, None)
+        outcomes: dict[str, tuple[bool, str]] = {}
+        todo = events
+        for attempt in range(2 if events else 0):
+            done = self._loop.create_future()
+            left = len(todo)
+            last = self._loop.time()
+
+            def on_ok(event_id: str, accepted: bool, message: str) -> None:
+                nonlocal left, last
+                outcomes[event_id] = (accepted, message)
+                left -= 1
+                last = self._loop.time()
+                if left <= 0 and not done.done():
+                    done.set_result(None)
+
+            for event_id, _ in todo:
+                self._oks.setdefault(event_id, []).append(on_ok)
+            try:
+                await self._send_many([b'["EVENT",' + raw + b"]" for _, raw in todo])
+                await self._wait(done, f"{len(todo)} EVENTs (OK replies)", lambda: last)
+            finally:
+                for event_id, _ in todo:
+                    waiters = self._oks.get(event_id)
+                    if waiters and on_ok in waiters:
+                        waiters.remove(on_ok)
+                        if not waiters:
+                            del self._oks[event_id]
+            refused = [(i, raw) for i, raw in todo if not outcomes[i][0] and outcomes[i][1].startswith(AUTH_REQUIRED)]
+            if not refused or attempt:
+                break
+            await self._await_auth(outcomes[refused[0][0]][1], "EVENT")
+            todo = refused
+        return [outcomes[i] for i, _ in events]
 
     async def fetch(self, ids: list[str]) -> list[object]:
         """Ask for events by id with one REQ (`limit` = len(ids)); return what came before EOSE, unvalidated.
@@ -313,8 +355,9 @@ class PeerConnection:
             self._subs[sub_id] = sub
             try:
                 await self._send(sub_request(sub_id, filter_obj))
+                sub.last = self._loop.time()
                 try:
-                    return await self._wait(sub.done, f"REQ of {len(ids)} ids")
+                    return await self._wait(sub.done, f"REQ of {len(ids)} ids", lambda: sub.last)
                 except _Closed as closed:
                     if attempt or not closed.message.startswith(AUTH_REQUIRED):
                         raise PeerError(f"{self.url} refused REQ by ids: CLOSED {closed.message!r}") from None

@@ -169,7 +169,7 @@ class ProjectorSpec:
 
     def key_columns(self) -> tuple[str, ...]:
         """The table's PRIMARY KEY in storage order: the class key (id | pubkey | pubkey, d), then the tag value."""
-        by_identity = {_column_identity(self, c): c for c in self.primary_key}
+        by_identity = {column_identity(self, c): c for c in self.primary_key}
         order = _class_key(self.kind) + ((f"tag:{self.row_per_tag}",) if self.row_per_tag else ())
         return tuple(by_identity[i] for i in order)
 
@@ -271,7 +271,8 @@ def _class_key(kind: int) -> tuple[str, ...]:
     return ("id",)
 
 
-def _column_identity(spec: ProjectorSpec, column: str) -> str:
+def column_identity(spec: ProjectorSpec, column: str) -> str:
+    """What a key column holds: "id", "pubkey", "tag:NAME" (a tag's first value), or "" for anything else."""
     if column == "_event_id":
         return "id"
     if column == "_pubkey":
@@ -350,7 +351,7 @@ def _validate_key(spec: ProjectorSpec, label: str, fields: set[str]) -> None:
     if len(set(spec.primary_key)) != len(spec.primary_key):
         raise SpecError(f"{label}: primary_key repeats a column")
     expected = _class_key(spec.kind) + ((f"tag:{spec.row_per_tag}",) if spec.row_per_tag else ())
-    identities = [_column_identity(spec, c) for c in spec.primary_key]
+    identities = [column_identity(spec, c) for c in spec.primary_key]
     if sorted(identities) != sorted(expected):
         wanted = " + ".join(repr(e) for e in expected)
         got = ", ".join(f"{c} ({i or 'other'})" for c, i in zip(spec.primary_key, identities))
@@ -382,4 +383,4 @@ def parse_specs(tables: object) -> tuple[ProjectorSpec, ...]:
 
 
 __all__ = ["ENGINE_VERSION", "FieldSpec", "ProjectorSpec", "RESERVED_COLUMNS", "Source", "SpecError", "TYPES",
-           "parse_source", "parse_specs", "spec_hash"]
+           "column_identity", "parse_source", "parse_specs", "spec_hash"]

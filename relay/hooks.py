@@ -1,0 +1,37 @@
+"""The transaction hooks a configuration asks for, in the order they run inside each write transaction.
+
+Every process that opens the store for writing (`relay serve`, `relay import`,
+...) must pass `hooks(config)` to `Store.open`: derived tables written without
+their hook would no longer agree with the events (`relay verify` tells).
+"""
+
+from __future__ import annotations
+
+from relay.config import Config
+from relay.store.writes import TransactionHook
+
+
+def hooks(config: Config) -> list[TransactionHook]:
+    """The TransactionHooks for `config`: the projectors of `[[projectors]]` (if any), then the negentropy index.
+
+    Each hook's `setup` runs at `Store.open` (a projector that is new or
+    changed is rebuilt then, which can take a while on a large store).
+    """
+    from relay.store.projectors.engine import ProjectorHook
+
+    found: list[TransactionHook] = []
+    if config.projectors:
+        found.append(ProjectorHook(config.projectors, max_refusals=config.store.max_projector_refusals,
+                                   rebuild_batch=config.store.projector_rebuild_batch))
+    found.append(negentropy_hook(config))
+    return found
+
+
+def negentropy_hook(config: Config) -> TransactionHook:
+    """The NIP-77 index of the full set and of `[negentropy] filters`; with `enabled = false`, its removal."""
+    from relay.protocol.filters import parse_filter
+    from relay.store.negentropy_index import DropNegentropyIndex, NegentropyIndex
+
+    if not config.negentropy.enabled:
+        return DropNegentropyIndex()
+    return NegentropyIndex(parse_filter(f) for f in config.negentropy.filters)

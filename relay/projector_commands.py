@@ -1,0 +1,201 @@
+"""Bodies of the projector subcommands: `verify`, `projectors list | rebuild NAME | refusals`, `query TABLE`.
+
+They work on the database file directly with the stdlib `sqlite3` module:
+read-only (`mode=ro`) for everything but `projectors rebuild`, so they can
+run beside `relay serve` (WAL readers never block the writer).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+import time
+from contextlib import closing
+from pathlib import Path
+
+import orjson
+
+from relay.config import Config
+from relay.store import db
+from relay.store.projectors.causal import CausalSpec
+from relay.store.projectors.engine import force_rebuild, pending_reason
+from relay.store.projectors.tables import ensure_store_tables, quote, read_meta, table_exists
+from relay.store.projectors.verify import verify
+
+SHOWN_PER_KIND = 10  # keys listed per table and per kind of problem
+
+
+def _open_readonly(path: str) -> sqlite3.Connection | None:
+    file = Path(path)
+    if not file.exists():
+        print(f"relay: no database at {file}", file=sys.stderr)
+        return None
+    conn = sqlite3.connect(file.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None)
+    conn.execute("PRAGMA busy_timeout = 5000")
+    conn.execute("PRAGMA query_only = 1")
+    return conn
+
+
+def _has_refusal_log(conn: sqlite3.Connection) -> bool:
+    return table_exists(conn, "projector_refusals")
+
+
+def run_verify(config: Config) -> int:
+    """`relay verify`: recompute every projected table from the events and compare.
+
+    Prints one line per table ("ok" or counts of missing, orphan and
+    mismatched rows, with up to 10 keys of each) and returns 0 when every
+    table agrees, 1 when any does not, 2 when there is no database.
+    """
+    conn = _open_readonly(config.store.path)
+    if conn is None:
+        return 2
+    with closing(conn):
+        checks = verify(conn, config.projectors)
+        refused = dict(conn.execute("SELECT projector, count(*) FROM projector_refusals GROUP BY projector")
+                       .fetchall()) if _has_refusal_log(conn) else {}
+        removed = [name for name in read_meta(conn) if name not in {s.name for s in config.projectors}]
+    bad = 0
+    for check in checks:
+        label = check.table if check.table == check.projector else f"{check.projector}.{check.table}"
+        note = f" ({refused[check.projector]} events refused)" if refused.get(check.projector) and \
+            check.table == check.projector else ""
+        if check.ok:
+            print(f"{label}: ok, {check.rows} rows{note}")
+            continue
+        bad += 1
+        if check.problem:
+            print(f"{label}: {check.problem}")
+            continue
+        print(f"{label}: {len(check.missing)} missing, {len(check.orphan)} orphan, "
+              f"{len(check.mismatched)} mismatched of {check.rows} rows{note}")
+        for what, keys in (("missing", check.missing), ("orphan", check.orphan), ("mismatched", check.mismatched)):
+            for key in keys[:SHOWN_PER_KIND]:
+                print(f"  {what}: {' | '.join(map(str, key))}")
+            if len(keys) > SHOWN_PER_KIND:
+                print(f"  ... and {len(keys) - SHOWN_PER_KIND} more {what}")
+    for name in removed:
+        print(f"{name}: no longer configured (table kept, not maintained, not checked)")
+    print(f"relay verify: {len(checks) - bad} of {len(checks)} projected tables agree with the events"
+          + ("" if not bad else f"; {bad} do not"))
+    return 1 if bad else 0
+
+
+def run_projectors_list(config: Config) -> int:
+    """`relay projectors list`: each configured or remembered projector, its kind, revision, state, rows, refusals."""
+    conn = _open_readonly(config.store.path)
+    if conn is None:
+        return 2
+    with closing(conn):
+        records = read_meta(conn)
+        refused = dict(conn.execute("SELECT projector, count(*) FROM projector_refusals GROUP BY projector")
+                       .fetchall()) if _has_refusal_log(conn) else {}
+        lines = [("NAME", "KIND", "REV", "STATE", "ROWS", "REFUSALS", "TABLES")]
+        for spec in config.projectors:
+            lines.append(_line(conn, spec.name, spec.kind, spec.revision, records.get(spec.name), refused,
+                               pending_reason(spec, records.get(spec.name), conn), (spec.table,)))
+        configured = {s.name for s in config.projectors}
+        for name, record in sorted(records.items()):
+            if name not in configured:
+                lines.append(_line(conn, name, record.get("kind", "?"), record.get("revision", "?"), record, refused,
+                                   "removed from the configuration (table kept)", tuple(record.get("tables", ()))))
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(lines[0]))]
+    for line in lines:
+        print("  ".join(str(v).ljust(w) for v, w in zip(line, widths)).rstrip())
+    return 0
+
+
+def _line(conn, name, kind, revision, record, refused, reason, tables) -> tuple:
+    state = "current" if reason is None else (reason if reason.startswith("removed") else f"pending ({reason})")
+    rows = sum(conn.execute(f"SELECT count(*) FROM {quote(t)}").fetchone()[0] for t in tables
+               if table_exists(conn, t))
+    return (name, kind, revision, state, rows, refused.get(name, 0), ",".join(tables))
+
+
+def run_projectors_rebuild(config: Config, name: str) -> int:
+    """`relay projectors rebuild NAME`: recompute one configured projector's tables now; 2 if unknown."""
+    names = [s.name for s in config.projectors]
+    if name not in names:
+        print(f"relay projectors rebuild: no configured projector {name!r} (configured: {', '.join(names) or 'none'})",
+              file=sys.stderr)
+        return 2
+    Path(config.store.path).parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(config.store.path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA busy_timeout = 5000")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute(f"PRAGMA synchronous = {config.store.synchronous.upper()}")
+        db.migrate(conn)
+        ensure_store_tables(conn)
+        started = time.perf_counter()
+        events = force_rebuild(conn, config.projectors, name, config.store.projector_rebuild_batch,
+                               config.store.max_projector_refusals)
+    finally:
+        conn.close()
+    print(f"rebuilt {name} from {events} events in {time.perf_counter() - started:.2f} s")
+    return 0
+
+
+def run_projectors_refusals(config: Config, projector: str | None, limit: int, as_json: bool) -> int:
+    """`relay projectors refusals`: the newest refusals first (time, projector, event id, reason)."""
+    conn = _open_readonly(config.store.path)
+    if conn is None:
+        return 2
+    with closing(conn):
+        if not _has_refusal_log(conn):
+            return 0
+        sql = "SELECT at, projector, event_id, reason FROM projector_refusals"
+        params: list = []
+        if projector is not None:
+            sql += " WHERE projector = ?"
+            params.append(projector)
+        sql += " ORDER BY seq DESC LIMIT ?"
+        params.append(limit)
+        rows = conn.execute(sql, params).fetchall()
+    for at, name, event_id, reason in rows:
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+        if as_json:
+            sys.stdout.buffer.write(orjson.dumps({"at": at, "projector": name, "event_id": event_id,
+                                                  "reason": reason}) + b"\n")
+        else:
+            print(f"{when}\t{name}\t{event_id}\t{reason}")
+    return 0
+
+
+def run_query(config: Config, table: str, where: str | None, as_json: bool, limit: int | None) -> int:
+    """`relay query TABLE [--where SQL] [--json] [--limit N]`: rows of a projected table.
+
+    Tab-separated with a header line, or one JSON object per line with
+    `--json`.  `--where` is an SQL expression run on a read-only connection.
+    Returns 2 for a table that is not projected or a bad expression.
+    """
+    conn = _open_readonly(config.store.path)
+    if conn is None:
+        return 2
+    with closing(conn):
+        known = {t for s in config.projectors for t in ((s.table,) if not isinstance(s, CausalSpec) else s.table_names)}
+        known |= {t for record in read_meta(conn).values() for t in record.get("tables", ())}
+        if table not in known or not table_exists(conn, table):
+            print(f"relay query: {table!r} is not a projected table (known: {', '.join(sorted(known)) or 'none'})",
+                  file=sys.stderr)
+            return 2
+        sql = f"SELECT * FROM {quote(table)}"
+        if where:
+            sql += f" WHERE {where}"
+        if limit is not None:
+            sql += f" LIMIT {int(limit):d}"
+        try:
+            cursor = conn.execute(sql)
+        except sqlite3.Error as exc:
+            print(f"relay query: {exc}", file=sys.stderr)
+            return 2
+        columns = [d[0] for d in cursor.description]
+        out = sys.stdout.buffer
+        if not as_json:
+            out.write("\t".join(columns).encode() + b"\n")
+        for row in cursor:
+            if as_json:
+                out.write(orjson.dumps(dict(zip(columns, row))) + b"\n")
+            else:
+                out.write("\t".join("" if v is None else str(v) for v in row).encode() + b"\n")
+    return 0

@@ -1,0 +1,336 @@
+"""The projector hook: projected tables kept in step with events inside the write transaction.
+
+How this works.  `ProjectorHook` is a `writes.TransactionHook`.  At open
+(`setup`), each projector's spec hash and revision are compared with the
+record in `meta`: an unchanged projector costs one lookup, a new or changed
+one is rebuilt from `events` in batches (one transaction each, progress in
+the log; the record says "building" until the last batch commits, so a crash
+mid-way rebuilds again at the next start).  A projector in `meta` that is no
+longer configured is reported and its table left alone.
+
+In every write transaction (`apply`), with `Changes.net()`:
+  1. rows of removed events (superseded, deleted, expired) are deleted, by
+     the class key prefix of the primary key and `_event_id`;
+  2. rows of inserted events are computed in Python (`RowMaker`) and written
+     with one `executemany` per table; only if that fails are the rows it
+     wrote deleted and each event retried in a SAVEPOINT of its own, and the
+     failing ones are refused;
+  3. refusals (Python or SQL) are appended to the bounded `projector_refusals`
+     log; the events themselves stay stored.
+Causal projectors (`causal.py`) are settled per log after the plain ones.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+
+import structlog
+
+from relay.protocol.event import Event
+from relay.store.projectors import causal as causal_mod
+from relay.store.projectors.causal import CausalEngine, CausalSpec, causal_hash
+from relay.store.projectors.rows import Refusal, RowMaker, stored_event
+from relay.store.projectors.spec import ProjectorSpec, column_identity, spec_hash
+from relay.store.projectors.tables import (
+    ensure_store_tables,
+    quote,
+    read_meta,
+    record_refusals,
+    sync_schema,
+    table_exists,
+    transaction,
+    write_meta,
+)
+from relay.store.writes import Changes, Removed
+
+log = structlog.get_logger(__name__)
+
+AnySpec = ProjectorSpec | CausalSpec
+Refusals = list[tuple[str, str, str]]  # (projector, event id hex, reason)
+_SQL_ERRORS = (sqlite3.Error, ValueError, OverflowError)  # ValueError: e.g. a string SQLite cannot encode
+
+
+class PlainProjector:
+    """One `ProjectorSpec` compiled: its SQL statements and row maker."""
+
+    def __init__(self, spec: ProjectorSpec) -> None:
+        self.spec = spec
+        self.maker = RowMaker(spec)
+        table = quote(spec.table)
+        columns = ", ".join(quote(c) for c in spec.columns)
+        marks = ", ".join("?" * len(spec.columns))
+        self.insert_sql = f"INSERT INTO {table} ({columns}) VALUES ({marks})"
+        self.replace_sql = f"INSERT OR REPLACE INTO {table} ({columns}) VALUES ({marks})"
+        class_key = spec.class_key_columns()
+        self.delete_sql = (f"DELETE FROM {table} WHERE " + " AND ".join(f"{quote(c)} = ?" for c in class_key)
+                           + " AND _event_id = ?")
+        self._key_getters = [_removed_getter(column_identity(spec, c)) for c in class_key]
+        key = spec.key_columns()
+        self._key_positions = [spec.columns.index(c) for c in key]
+        self.undo_sql = (f"DELETE FROM {table} WHERE " + " AND ".join(f"{quote(c)} = ?" for c in key)
+                         + " AND _event_id = ?")
+
+    def delete_params(self, removed: Removed) -> tuple:
+        """Parameters of `delete_sql` for one removed event row."""
+        return (*(get(removed) for get in self._key_getters), removed.id.hex())
+
+    def write(self, cur: sqlite3.Cursor, events: list[Event], refusals: Refusals, replace: bool = False) -> int:
+        """Insert the rows of `events`; refused events go to `refusals`. Returns the rows written."""
+        name = self.spec.table
+        groups: list[tuple[str, list[tuple]]] = []
+        for event in events:
+            try:
+                rows = self.maker.rows(event)
+            except Refusal as refusal:
+                refusals.append((name, event.id, refusal.reason))
+                continue
+            if rows:
+                groups.append((event.id, rows))
+        if not groups:
+            return 0
+        all_rows = [row for _, rows in groups for row in rows]
+        if replace:
+            # INSERT OR REPLACE may have replaced rows before failing: only a SAVEPOINT can undo that.
+            cur.execute("SAVEPOINT projector_batch")
+            try:
+                cur.executemany(self.replace_sql, all_rows)
+            except _SQL_ERRORS:
+                cur.execute("ROLLBACK TO projector_batch")
+                written = self._write_one_by_one(cur, self.replace_sql, groups, refusals)
+            else:
+                written = len(all_rows)
+            cur.execute("RELEASE projector_batch")
+            return written
+        # No SAVEPOINT on the common path: it would copy every page the batch touches.  executemany stops at
+        # the failing row, and each row before it is ours (same key and event id): delete them, then retry.
+        try:
+            cur.executemany(self.insert_sql, all_rows)
+        except _SQL_ERRORS:
+            cur.executemany(self.undo_sql, [tuple(row[i] for i in self._key_positions) + (row[0],) for row in all_rows])
+            return self._write_one_by_one(cur, self.insert_sql, groups, refusals)
+        return len(all_rows)
+
+    def _write_one_by_one(self, cur: sqlite3.Cursor, sql: str, groups: list[tuple[str, list[tuple]]],
+                          refusals: Refusals) -> int:
+        written = 0
+        for event_id, rows in groups:
+            cur.execute("SAVEPOINT projector_event")
+            try:
+                cur.executemany(sql, rows)
+                written += len(rows)
+            except _SQL_ERRORS as exc:
+                cur.execute("ROLLBACK TO projector_event")
+                refusals.append((self.spec.table, event_id, f"sqlite: {exc}"[:300]))
+            cur.execute("RELEASE projector_event")
+        return written
+
+
+def _removed_getter(identity: str) -> Callable[[Removed], object]:
+    if identity == "id":
+        return lambda r: r.id.hex()
+    if identity == "pubkey":
+        return lambda r: r.pubkey.hex()
+    return lambda r: r.d_tag  # "tag:d": the coordinate's d value
+
+
+def record_for(spec: AnySpec, state: str) -> dict:
+    """The `meta` record of `spec` in `state` ("current", "building")."""
+    if isinstance(spec, CausalSpec):
+        return {"type": "causal", "hash": causal_hash(spec), "revision": spec.revision, "state": state,
+                "kind": spec.kind, "tables": list(spec.table_names)}
+    return {"type": "plain", "hash": spec_hash(spec), "revision": spec.revision, "state": state,
+            "kind": spec.kind, "tables": [spec.table]}
+
+
+def pending_reason(spec: AnySpec, record: dict | None, conn: sqlite3.Connection) -> str | None:
+    """Why `spec` needs a rebuild given its `meta` record ("new", "spec changed", ...), or None when current."""
+    if record is None:
+        return "new"
+    if record.get("state") != "current":
+        return f"state {record.get('state')}"
+    expected = record_for(spec, "current")
+    if record.get("hash") != expected["hash"]:
+        return "spec changed"
+    if record.get("revision") != spec.revision:
+        return f"revision {record.get('revision')} -> {spec.revision}"
+    names = spec.table_names if isinstance(spec, CausalSpec) else (spec.table,)
+    if not all(table_exists(conn, t) for t in names):
+        return "table missing"
+    return None
+
+
+class ProjectorHook:
+    """Keeps every configured projector's tables equal to the projection of the stored events.
+
+    `specs`: plain and causal specs (unique names).  `max_refusals`: rows kept
+    in `projector_refusals`.  `rebuild_batch`: events per rebuild transaction.
+    After `setup`, `rebuilt` lists (name, reason) of the projectors rebuilt and
+    `removed` the names found in `meta` but no longer configured.
+    """
+
+    def __init__(self, specs: Sequence[AnySpec], max_refusals: int = 10_000, rebuild_batch: int = 10_000,
+                 clock: Callable[[], float] = time.time) -> None:
+        names = [s.name for s in specs]
+        duplicate = next((n for n in names if names.count(n) > 1), None)
+        if duplicate is not None:
+            raise ValueError(f"projector {duplicate!r} declared twice")
+        tables = [t for s in specs for t in (s.table_names if isinstance(s, CausalSpec) else (s.table,))]
+        clash = next((t for t in tables if tables.count(t) > 1), None)
+        if clash is not None:
+            raise ValueError(f"table {clash!r} is written by two projectors")
+        self.specs = tuple(specs)
+        self.plain = [PlainProjector(s) for s in specs if isinstance(s, ProjectorSpec)]
+        self.causal = [CausalEngine(s) for s in specs if isinstance(s, CausalSpec)]
+        self.max_refusals = max_refusals
+        self.rebuild_batch = rebuild_batch
+        self.clock = clock
+        self._plain_by_kind: dict[int, list[PlainProjector]] = {}
+        for p in self.plain:
+            self._plain_by_kind.setdefault(p.spec.kind, []).append(p)
+        self._causal_kinds = {c.spec.kind for c in self.causal}
+        self.rebuilt: list[tuple[str, str]] = []
+        self.removed: list[str] = []
+
+    # ---------------------------------------------------------------- start-up
+
+    def setup(self, conn: sqlite3.Connection) -> None:
+        """Rebuild the projectors that are new or changed; report those no longer configured."""
+        ensure_store_tables(conn)
+        records = read_meta(conn)
+        for spec in self.specs:
+            reason = pending_reason(spec, records.get(spec.name), conn)
+            if reason is not None:
+                rebuild(conn, spec, reason, self.rebuild_batch, self.max_refusals, self.clock)
+                self.rebuilt.append((spec.name, reason))
+        configured = {s.name for s in self.specs}
+        for name, record in sorted(records.items()):
+            if name in configured:
+                continue
+            self.removed.append(name)
+            log.warning("projector_removed", projector=name, tables=record.get("tables"),
+                        note="no longer configured: its tables are kept but not maintained")
+            if record.get("state") != "removed":
+                with transaction(conn) as cur:
+                    write_meta(cur, name, {**record, "state": "removed"})
+
+    # ---------------------------------------------------------------- the write transaction
+
+    def apply(self, cur: sqlite3.Cursor, changes: Changes) -> None:
+        """Update projected rows for one transaction's changes (module docstring)."""
+        inserted, removed = changes.net()
+        by_kind = self._plain_by_kind
+        causal_kinds = self._causal_kinds
+        ins: dict[int, list[Event]] = {}
+        rem: dict[int, list[Removed]] = {}
+        for event in inserted:
+            if event.kind in by_kind or event.kind in causal_kinds:
+                ins.setdefault(event.kind, []).append(event)
+        for row in removed:
+            if row.kind in by_kind or row.kind in causal_kinds:
+                rem.setdefault(row.kind, []).append(row)
+        if not ins and not rem:
+            return
+        refusals: Refusals = []
+        for kind in rem.keys() | ins.keys():
+            for projector in by_kind.get(kind, ()):
+                if kind in rem:
+                    cur.executemany(projector.delete_sql, [projector.delete_params(r) for r in rem[kind]])
+                if kind in ins:
+                    projector.write(cur, ins[kind], refusals)
+        for engine in self.causal:
+            kind = engine.spec.kind
+            if kind in rem or kind in ins:
+                conn = cur.connection
+                touched, reset = engine.remove(conn, [r.id.hex() for r in rem.get(kind, ())])
+                touched |= engine.add(conn, ins.get(kind, []), refusals)
+                for log_id, author in sorted(touched):
+                    engine.settle(conn, log_id, author, refusals, reset=(log_id, author) in reset)
+        record_refusals(cur, refusals, int(self.clock()), self.max_refusals)
+
+
+# -------------------------------------------------------------------- rebuild
+
+def _event_seqs(conn: sqlite3.Connection, kind: int) -> list[int]:
+    # events_by_kind covers (kind, ..., seq): no table rows are read.
+    return sorted(row[0] for row in conn.execute("SELECT seq FROM events WHERE kind = ?", (kind,)))
+
+
+def _events_by_seq(cur: sqlite3.Cursor, seqs: list[int]) -> list[Event]:
+    sql = f"SELECT raw FROM events WHERE seq IN ({','.join('?' * len(seqs))}) ORDER BY seq"
+    return [stored_event(raw) for (raw,) in cur.execute(sql, seqs)]
+
+
+def rebuild(conn: sqlite3.Connection, spec: AnySpec, reason: str, batch: int = 10_000, max_refusals: int = 10_000,
+            clock: Callable[[], float] = time.time) -> int:
+    """Recompute `spec`'s tables from the `events` table, in transactions of `batch` events (at most 900 per
+    statement). Returns the events read.
+
+    The `meta` record says "building" until the last batch commits.  Safe to
+    run while another process writes with the same spec (rows are written
+    with INSERT OR REPLACE).  Runs on an autocommit connection, outside any
+    transaction.
+    """
+    started = time.perf_counter()
+    log.info("projector_rebuild_started", projector=spec.name, reason=reason)
+    is_causal = isinstance(spec, CausalSpec)
+    with transaction(conn) as cur:
+        if is_causal:
+            causal_mod.create_tables(cur, spec, drop=True)
+            cur.execute("DELETE FROM causal_ops WHERE projector = ?", (spec.name,))
+            schema = "recreated"
+        else:
+            schema = sync_schema(cur, spec)
+            cur.execute(f"DELETE FROM {quote(spec.table)}")
+        cur.execute("DELETE FROM projector_refusals WHERE projector = ?", (spec.name,))
+        write_meta(cur, spec.name, record_for(spec, "building"))
+        seqs = _event_seqs(conn, spec.kind)
+    total = len(seqs)
+    log.info("projector_rebuild_schema", projector=spec.name, schema=schema, events=total)
+    plain = None if is_causal else PlainProjector(spec)
+    engine = CausalEngine(spec) if is_causal else None
+    touched: set[tuple[str, str]] = set()
+    done, rows, last_report = 0, 0, time.perf_counter()
+    step = max(1, min(batch, 900))
+    for start in range(0, total, batch):
+        refusals: Refusals = []
+        with transaction(conn) as cur:
+            for sub in range(start, min(start + batch, total), step):
+                events = _events_by_seq(cur, seqs[sub:min(sub + step, start + batch, total)])
+                if plain is not None:
+                    rows += plain.write(cur, events, refusals, replace=True)
+                else:
+                    touched |= engine.add(conn, events, refusals)
+                done += len(events)
+            record_refusals(cur, refusals, int(clock()), max_refusals)
+        if time.perf_counter() - last_report >= 1.0 or done == total:
+            last_report = time.perf_counter()
+            log.info("projector_rebuild_progress", projector=spec.name, events_done=done, events_total=total)
+    if engine is not None:
+        logs = sorted(touched)
+        for start in range(0, len(logs), max(1, batch // 10)):
+            refusals = []
+            with transaction(conn):
+                for log_id, author in logs[start:start + max(1, batch // 10)]:
+                    engine.settle(conn, log_id, author, refusals)
+                record_refusals(conn.cursor(), refusals, int(clock()), max_refusals)
+    with transaction(conn) as cur:
+        write_meta(cur, spec.name, record_for(spec, "current"))
+    log.info("projector_rebuild_finished", projector=spec.name, events=total, rows=rows,
+             seconds=round(time.perf_counter() - started, 3))
+    return total
+
+
+def force_rebuild(conn: sqlite3.Connection, specs: Sequence[AnySpec], name: str, batch: int = 10_000,
+                  max_refusals: int = 10_000) -> int:
+    """Rebuild the projector called `name` now, whatever its record. Returns the events read.
+
+    Raises:
+        KeyError: no configured projector has that name.
+    """
+    ensure_store_tables(conn)
+    for spec in specs:
+        if spec.name == name:
+            return rebuild(conn, spec, "requested", batch, max_refusals)
+    raise KeyError(name)

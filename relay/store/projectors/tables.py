@@ -1,0 +1,161 @@
+"""SQL side of projectors: table DDL and schema evolution, the `meta` records, the refusal log.
+
+A projected table is `STRICT` (SQLite checks every value's type), a rowid
+table with its PRIMARY KEY as a unique index (rows can be wide: a profile's
+`about`; rowid tables insert them faster than WITHOUT ROWID).  Its indexes are named
+`<table>__<col>_<col>`; indexes of that form that the spec no longer lists
+are dropped.  `meta` holds one JSON record per projector under
+`projector:<name>`: {"type", "hash", "revision", "state", "tables"}, where
+state is "current" (the table equals the projection of the events),
+"building" (a rebuild started and has not finished) or "removed" (no longer
+configured; its table is kept but no longer maintained).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable
+from contextlib import contextmanager
+from importlib import resources
+
+import orjson
+
+from relay.store.projectors.spec import ProjectorSpec
+
+META_PREFIX = "projector:"
+
+
+def quote(identifier: str) -> str:
+    """An SQL identifier in double quotes (names are validated by the spec; this is belt and braces)."""
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+@contextmanager
+def transaction(conn: sqlite3.Connection):
+    """BEGIN IMMEDIATE ... COMMIT on an autocommit connection; ROLLBACK and re-raise on any exception."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn.cursor()
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def ensure_store_tables(conn: sqlite3.Connection) -> None:
+    """Create the refusal log and causal state tables if missing (migration 0003, applied idempotently).
+
+    A database numbered past 3 by a migration that was written before 0003
+    existed would otherwise never get them.
+    """
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'causal_ops_by_event'").fetchone() is None:
+        sql = resources.files("relay.store.migrations").joinpath("0003_projectors.sql").read_text(encoding="utf-8")
+        conn.executescript(f"BEGIN IMMEDIATE;\n{sql}\nCOMMIT;")
+
+
+def create_table_sql(spec: ProjectorSpec) -> str:
+    """The CREATE TABLE statement of `spec`'s table (reserved columns first, then fields, key in storage order)."""
+    key = spec.key_columns()
+    lines = ["_event_id TEXT NOT NULL", "_pubkey TEXT NOT NULL", "_created_at INTEGER NOT NULL"]
+    for f in spec.fields:
+        lines.append(f"{quote(f.name)} {f.type}" + (" NOT NULL" if f.name in key else ""))
+    lines.append("PRIMARY KEY (" + ", ".join(quote(c) for c in key) + ")")
+    return f"CREATE TABLE {quote(spec.table)} (\n    " + ",\n    ".join(lines) + "\n) STRICT"
+
+
+def index_name(table: str, columns: Iterable[str]) -> str:
+    """The name of our index on `columns` of `table`."""
+    return f"{table}__" + "_".join(c.lstrip("_") for c in columns)
+
+
+def table_exists(conn: sqlite3.Connection | sqlite3.Cursor, table: str) -> bool:
+    """True when a table called `table` exists."""
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone() is not None
+
+
+def _columns(cur: sqlite3.Cursor, table: str) -> tuple[dict[str, str], tuple[str, ...]]:
+    info = cur.execute(f"PRAGMA table_info({quote(table)})").fetchall()
+    # (cid, name, type, notnull, default, pk): pk is the 1-based position in the key, 0 if not in it.
+    columns = {row[1]: row[2].upper() for row in info}
+    key = tuple(row[1] for row in sorted((r for r in info if r[5]), key=lambda r: r[5]))
+    return columns, key
+
+
+def sync_schema(cur: sqlite3.Cursor, spec: ProjectorSpec) -> str:
+    """Make `spec.table` have the spec's columns, key and indexes, keeping what it can.
+
+    Returns "created", "altered" (new columns added with ALTER TABLE),
+    "recreated" (dropped and created again: a column removed or retyped, or
+    a different key) or "unchanged".  Rows are left as they are: the caller
+    rebuilds them.
+    """
+    outcome = "unchanged"
+    if not table_exists(cur, spec.table):
+        cur.execute(create_table_sql(spec))
+        outcome = "created"
+    else:
+        columns, key = _columns(cur, spec.table)
+        wanted = spec.column_types
+        kept = all(wanted.get(name) == type_ for name, type_ in columns.items())
+        if not kept or key != spec.key_columns():
+            cur.execute(f"DROP TABLE {quote(spec.table)}")
+            cur.execute(create_table_sql(spec))
+            outcome = "recreated"
+        else:
+            for name, type_ in wanted.items():
+                if name not in columns:
+                    cur.execute(f"ALTER TABLE {quote(spec.table)} ADD COLUMN {quote(name)} {type_}")
+                    outcome = "altered"
+    _sync_indexes(cur, spec)
+    return outcome
+
+
+def _sync_indexes(cur: sqlite3.Cursor, spec: ProjectorSpec) -> None:
+    wanted = {index_name(spec.table, ix): ix for ix in spec.indexes}
+    existing = {row[0] for row in cur.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND sql IS NOT NULL", (spec.table,))}
+    for name in existing - wanted.keys():
+        if name.startswith(spec.table + "__"):
+            cur.execute(f"DROP INDEX {quote(name)}")
+    for name, columns in wanted.items():
+        if name not in existing:
+            cur.execute(f"CREATE INDEX {quote(name)} ON {quote(spec.table)} ("
+                        + ", ".join(quote(c) for c in columns) + ")")
+
+
+def read_meta(conn: sqlite3.Connection | sqlite3.Cursor) -> dict[str, dict]:
+    """Every projector record in `meta`, by projector name."""
+    rows = conn.execute("SELECT key, value FROM meta WHERE key >= ? AND key < ?",
+                        (META_PREFIX, META_PREFIX[:-1] + chr(ord(META_PREFIX[-1]) + 1))).fetchall()
+    return {key[len(META_PREFIX):]: orjson.loads(value) for key, value in rows}
+
+
+def write_meta(cur: sqlite3.Cursor, name: str, record: dict | None) -> None:
+    """Store (or, with None, delete) the `meta` record of projector `name`."""
+    if record is None:
+        cur.execute("DELETE FROM meta WHERE key = ?", (META_PREFIX + name,))
+    else:
+        cur.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (META_PREFIX + name, orjson.dumps(record, option=orjson.OPT_SORT_KEYS).decode()))
+
+
+def record_refusals(cur: sqlite3.Cursor, refusals: list[tuple[str, str, str]], now: int, max_kept: int) -> None:
+    """Append (projector, event_id hex, reason) rows at `now` (unix seconds); keep at most `max_kept` rows.
+
+    A later refusal of the same event by the same projector replaces the earlier one.
+    """
+    if not refusals:
+        return
+    cur.executemany("INSERT OR REPLACE INTO projector_refusals (projector, event_id, reason, at) VALUES (?, ?, ?, ?)",
+                    [(p, e, r, now) for p, e, r in refusals])
+    cur.execute("DELETE FROM projector_refusals WHERE seq <= (SELECT max(seq) FROM projector_refusals) - ?",
+                (max_kept,))
+
+
+def dump_table(conn: sqlite3.Connection | sqlite3.Cursor, table: str, columns: Iterable[str],
+               order: Iterable[str]) -> bytes:
+    """Every row of `table` as JSON lines (`columns` in order), sorted by `order`: bytes comparable across stores."""
+    cols = ", ".join(quote(c) for c in columns)
+    rows = conn.execute(f"SELECT {cols} FROM {quote(table)} ORDER BY " + ", ".join(quote(c) for c in order))
+    return b"".join(orjson.dumps(list(row)) + b"\n" for row in rows)

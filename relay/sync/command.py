@@ -1,0 +1,138 @@
+"""`relay sync ws://PEER`: one reconciliation with a peer, with progress on a terminal and a summary."""
+
+from __future__ import annotations
+
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+
+from relay.config import Config
+from relay.protocol.envelopes import loads
+from relay.protocol.filters import parse_filter
+from relay.protocol.rejection import Rejection
+from relay.store.store import Store
+from relay.sync.keys import NodeKeyError
+from relay.sync.peer import PeerConnection, PeerError
+from relay.sync.scheduler import max_frame_bytes, node_key, sync_options
+from relay.sync.session import DIRECTIONS, Intake, SyncOptions, SyncReport, sync_with_peer
+from relay.sync.state import LeaseBusy, LeaseLost, PeerStates, new_owner
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def parse_sync_filter(filter_json: str) -> dict:
+    """The `--filter` JSON as a filter object, checked like a REQ filter.
+
+    Raises:
+        ValueError: not a valid NIP-01 filter, or it has a `limit` (meaningless for sync).
+    """
+    try:
+        obj = loads(filter_json)
+        if parse_filter(obj).limit is not None:
+            raise ValueError("limit has no meaning for sync")
+    except Rejection as exc:
+        raise ValueError(str(exc)) from None
+    return obj
+
+
+async def sync_once(config: Config, url: str, filter_obj: dict, options: SyncOptions,
+                    progress=None) -> SyncReport:
+    """Reconcile the local store with the peer at `url` once: fetch and/or push per `options.direction`.
+
+    Opens the store of `config`, takes the peer's lease (as configured peers
+    do), records the outcome in `sync_peers`, and closes everything.
+
+    Raises:
+        PeerError: the peer lacks NIP-77, answered NOTICE, refused AUTH, timed out or went away.
+        LeaseBusy: another process is syncing this peer on the same database.
+        NodeKeyError: the node key file cannot be created or read.
+    """
+    from relay.hooks import hooks  # transaction hooks (projectors, negentropy index): every writer must run them
+
+    key = node_key(config)
+    store = await Store.open(config.store.path, config.store.options(read_connections=2), hooks(config))
+    states = await PeerStates.open(config.store.path)
+    pool = ThreadPoolExecutor(config.store.verify_threads, thread_name_prefix="sync-verify")
+    report = SyncReport()
+    try:
+        async with states.hold(url, new_owner(), config.sync.lease_seconds):
+            await states.record_attempt(url)
+            try:
+                conn = await PeerConnection.open(url, key, config.sync.connect_timeout_seconds,
+                                                 config.sync.timeout_seconds,
+                                                 max_frame_bytes(config, options.frame_size_limit))
+                try:
+                    intake = Intake(store, config.limits.event_limits(), url, pool, config.store.verify_threads)
+                    await sync_with_peer(conn, store, filter_obj, options, intake, report, progress)
+                finally:
+                    await conn.close()
+            except PeerError as exc:
+                await states.record_error(url, str(exc))
+                await states.add_counts(url, report.fetched, report.pushed)
+                raise
+            await states.add_counts(url, report.fetched, report.pushed, success=True)
+    finally:
+        pool.shutdown(wait=False)
+        await states.close()
+        await store.close()
+    return report
+
+
+class _Display:
+    """Rich progress bars for reconciliation rounds, fetched and pushed events (terminal only)."""
+
+    def __init__(self, console: Console, direction: str) -> None:
+        self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            console=console, disable=not console.is_terminal, transient=False)
+        self.rounds = self.bar.add_task("reconcile: rounds", total=None)
+        self.fetch = self.bar.add_task("fetch: events", total=None, visible=direction != "up")
+        self.push = self.bar.add_task("push: events", total=None, visible=direction != "down")
+
+    def __call__(self, report: SyncReport) -> None:
+        self.bar.update(self.rounds, completed=report.rounds)
+        self.bar.update(self.fetch, total=report.need, completed=report.fetch_done)
+        self.bar.update(self.push, total=report.have, completed=report.push_done)
+
+
+def print_report(url: str, direction: str, report: SyncReport) -> None:
+    """The summary on stdout: one line of counts, then one line per settled or error message."""
+    print(f"sync {url} ({direction}): {report.summary()}")
+    for message, count in report.settled.most_common():
+        print(f"  settled {count}: {message}")
+    for message, count in report.errors.most_common():
+        print(f"  error {count}: {message}")
+
+
+async def run_sync(config: Config, url: str, filter_json: str, direction: str, frame_size: int | None) -> int:
+    """`relay sync URL`: exit 0 when in sync, 1 when the peer failed us or events errored, 2 on bad arguments."""
+    err = Console(stderr=True)
+    if not url.startswith(("ws://", "wss://")):
+        print(f"relay sync: not a ws:// or wss:// URL: {url!r}", file=sys.stderr)
+        return EXIT_USAGE
+    if direction not in DIRECTIONS:
+        print(f"relay sync: --dir must be one of {', '.join(DIRECTIONS)}", file=sys.stderr)
+        return EXIT_USAGE
+    if frame_size is not None and frame_size < 4096:
+        print("relay sync: --frame-size must be at least 4096 bytes", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        filter_obj = parse_sync_filter(filter_json)
+    except ValueError as exc:
+        print(f"relay sync: bad --filter: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    url = url.rstrip("/") if url.count("/") <= 3 else url
+    options = sync_options(config, direction, frame_size)
+    display = _Display(err, direction)
+    try:
+        with display.bar:
+            report = await sync_once(config, url, filter_obj, options, display)
+    except (PeerError, LeaseBusy, LeaseLost, NodeKeyError) as exc:
+        print(f"relay sync: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print_report(url, direction, report)
+    if report.errors:
+        print(f"relay sync: finished with {sum(report.errors.values())} errors (see above)", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK

@@ -1,0 +1,394 @@
+"""One reconciliation with a peer: NIP-77 over the local store's items, then fetch and push.
+
+How this works
+--------------
+`sync_with_peer` reads the (created_at, id) items of the live events
+matching the filter into a `SortedVector`, and runs the negentropy engine
+as initiator over an open `PeerConnection`.  Each round reports ids only
+we hold (have) and ids only the peer holds (need); with a frame size
+limit the same id can be reported twice, so both are de-duplicated here.
+Needed ids are fetched while reconciliation goes on, in REQs of
+`fetch_batch` ids, at most `fetch_in_flight` at once; each batch is
+validated like a client's EVENTs (`Intake`) and stored with origin = the
+peer's URL.  Once everything is fetched, the events the peer lacks are read
+from the store by id (a superseded or deleted one is no longer there) and
+sent with EVENT, at most `push_in_flight` waiting for their OK.  Fetching
+first means an older version we hold is not pushed when the peer's newer
+one has just replaced it here.
+
+Replies that mean "the peer (or we) already settled this" are not errors
+(`classify`): duplicates, a newer version held, a deleted or expired event,
+strfry's `replaced:`, an id the peer no longer serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from functools import partial
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import structlog
+
+from relay.protocol.event import Event, EventLimits, is_ephemeral, parse_event, verify_signature
+from relay.protocol.filters import Filter, parse_filter
+from relay.protocol.negentropy import Negentropy, SortedVector
+from relay.protocol.rejection import Rejection
+from relay.server import policies
+from relay.store.store import Store
+from relay.sync.peer import PeerConnection, PeerError
+
+log = structlog.get_logger(__name__)
+
+DIRECTIONS = ("down", "up", "both")
+STORED, SETTLED, ERROR = "stored", "settled", "error"
+MISSING = "missing: the peer did not serve it (expired or deleted there?)"
+GONE_LOCALLY = "gone: no longer stored here (superseded, deleted or expired)"
+_ID_SLICE = slice(7, 71)  # the id inside our canonical JSON: {"id":"<64 hex>",...
+
+
+@dataclass(frozen=True)
+class SyncOptions:
+    """How one reconciliation runs: direction, bytes per frame, counts of ids and events."""
+
+    direction: str = "both"
+    frame_size_limit: int = 60_000
+    fetch_batch: int = 500
+    fetch_in_flight: int = 2
+    push_in_flight: int = 500
+
+
+@dataclass
+class SyncReport:
+    """Counts of one sync: distinct ids in `have` (only we hold) and `need` (only the peer holds),
+    events `fetched` (stored here) and `pushed` (accepted there), and by message, refusals that
+    are `settled` and real `errors`."""
+
+    local_items: int = 0
+    rounds: int = 0
+    have: int = 0
+    need: int = 0
+    fetched: int = 0
+    pushed: int = 0
+    settled: Counter = field(default_factory=Counter)
+    errors: Counter = field(default_factory=Counter)
+    seconds: float = 0.0
+    reported: int = 0  # have + need ids as reported by the rounds, repeats included
+    fetch_done: int = 0  # needed ids settled one way or another (for progress)
+    push_done: int = 0  # had ids settled one way or another (for progress)
+
+    def count(self, outcome: str, message: str, up: bool) -> None:
+        """Count one `classify` outcome of a fetch (`up` False) or a push (`up` True)."""
+        if up:
+            self.push_done += 1
+        else:
+            self.fetch_done += 1
+        if outcome == STORED:
+            if up:
+                self.pushed += 1
+            else:
+                self.fetched += 1
+        elif outcome == SETTLED:
+            self.settled[message] += 1
+        else:
+            self.errors[message] += 1
+
+    def as_dict(self) -> dict:
+        """The counts as a JSON-ready dict."""
+        return {"local_items": self.local_items, "rounds": self.rounds, "reported": self.reported,
+                "have": self.have, "need": self.need,
+                "fetched": self.fetched, "pushed": self.pushed, "settled": dict(self.settled),
+                "errors": dict(self.errors), "seconds": round(self.seconds, 3)}
+
+    def summary(self) -> str:
+        """One line: have, need, fetched, pushed, settled, errors."""
+        return (f"have {self.have}, need {self.need}, fetched {self.fetched}, pushed {self.pushed}, "
+                f"settled {sum(self.settled.values())}, errors {sum(self.errors.values())} "
+                f"({self.rounds} rounds, {self.seconds:.1f} s)")
+
+
+def classify(accepted: bool, message: str) -> tuple[str, str]:
+    """(STORED | SETTLED | ERROR, message) for one NIP-01 OK outcome, from either side.
+
+    Settled: `OK true` with "duplicate:", `OK false` with "duplicate:" (e.g.
+    "duplicate: have a newer version"), "blocked:" for a deleted event, a
+    refusal of an expired event ("invalid: event has expired" is ours,
+    "blocked: event is expired" nostr-sdk's), and strfry's "replaced:".
+    """
+    if accepted:
+        return (SETTLED, message) if message.startswith("duplicate:") else (STORED, message)
+    lower = message.lower()
+    if lower.startswith(("duplicate:", "replaced:")):
+        return SETTLED, message
+    if lower.startswith("blocked:") and "delet" in lower:
+        return SETTLED, message
+    if lower.startswith(("invalid:", "blocked:")) and "expired" in lower:
+        return SETTLED, message
+    return ERROR, message or "refused without a reason"
+
+
+class Intake:
+    """Validates events from one peer exactly like a client's EVENT and stores them with origin = its URL.
+
+    Shape, limits and id (`parse_event`), policies such as NIP-40 expiry
+    (`policies.check_event`), then the BIP-340 signature on `pool`'s threads.
+    """
+
+    def __init__(self, store: Store, limits: EventLimits, origin: str, pool: ThreadPoolExecutor,
+                 threads: int = 2) -> None:
+        self.store = store
+        self.limits = limits
+        self.origin = origin
+        self.pool = pool
+        self.threads = max(1, threads)
+
+    async def accept(self, objects: list[object], allowed: Callable[[Event], str | None]) -> list[tuple[str, str]]:
+        """Validate and store `objects`; one `classify` outcome each, in order.
+
+        `allowed(event)` returns None to go on, or an error message for an
+        event the peer should not have sent (not requested, outside the filter).
+        """
+        now = time.time()
+        outcomes: list[tuple[str, str] | None] = [None] * len(objects)
+        parsed: list[tuple[int, Event]] = []
+        for i, obj in enumerate(objects):
+            try:
+                event = parse_event(obj, self.limits, now)
+                refusal = allowed(event)
+                if refusal is not None:
+                    outcomes[i] = (ERROR, refusal)
+                    continue
+                policies.check_event(event, now)
+                parsed.append((i, event))
+            except Rejection as rejection:
+                outcomes[i] = classify(False, str(rejection))
+        valid = await self._verify(parsed)
+        to_store = []
+        for (i, event), ok in zip(parsed, valid):
+            if not ok:
+                outcomes[i] = (ERROR, "invalid: bad signature")
+            elif is_ephemeral(event.kind):
+                outcomes[i] = (SETTLED, "ephemeral: not stored")
+            else:
+                to_store.append((i, event))
+        await self._store(to_store, outcomes)
+        return outcomes  # type: ignore[return-value]
+
+    async def _store(self, to_store: list[tuple[int, Event]], outcomes: list) -> None:
+        # Callbacks, not a task per event: the writer calls back once each event's transaction committed.
+        if not to_store:
+            return
+        all_done = asyncio.get_running_loop().create_future()
+        left = len(to_store)
+
+        def stored(i: int, accepted: bool, message: str) -> None:
+            nonlocal left
+            outcomes[i] = classify(accepted, message)
+            left -= 1
+            if left == 0 and not all_done.done():
+                all_done.set_result(None)
+
+        await self.store.wait_for_room()
+        for i, event in to_store:
+            self.store.enqueue(event, self.origin, partial(stored, i))
+        await all_done
+
+    async def _verify(self, parsed: list[tuple[int, Event]]) -> list[bool]:
+        if not parsed:
+            return []
+        loop = asyncio.get_running_loop()
+        events = [e for _, e in parsed]
+        size = max(1, -(-len(events) // self.threads))
+        parts = [events[i:i + size] for i in range(0, len(events), size)]
+        checks = await asyncio.gather(*(loop.run_in_executor(self.pool, _verify_all, p) for p in parts))
+        return [ok for part in checks for ok in part]
+
+
+def _verify_all(events: list[Event]) -> list[bool]:
+    return [verify_signature(e) for e in events]
+
+
+def local_vector(items: list[tuple[int, bytes]]) -> SortedVector:
+    """A sealed `SortedVector` of (created_at, 32-byte id) items."""
+    vector = SortedVector()
+    if items:
+        timestamps = np.fromiter((t for t, _ in items), dtype=np.uint64, count=len(items))
+        ids = np.frombuffer(b"".join(i for _, i in items), dtype=np.uint8).reshape(len(items), 32)
+        vector.insert_many(timestamps, ids)
+    vector.seal()
+    return vector
+
+
+async def sync_with_peer(conn: PeerConnection, store: Store, filter_obj: dict, options: SyncOptions,
+                         intake: Intake, report: SyncReport | None = None,
+                         progress: Callable[[SyncReport], None] | None = None) -> SyncReport:
+    """Reconcile the events matching `filter_obj` with the peer, then fetch and/or push per `options.direction`.
+
+    `filter_obj` is a NIP-01 filter (JSON object, no `limit`); counts go
+    into `report` (a new one if None), and `progress(report)` is called as
+    they change.
+
+    Raises:
+        PeerError: the peer lacks NIP-77, answered NOTICE, refused, timed out or went away.
+    """
+    report = report or SyncReport()
+    progress = progress or (lambda r: None)
+    started = time.monotonic()
+    down, up = options.direction in ("down", "both"), options.direction in ("up", "both")
+    items = await store.items(parse_filter(filter_obj))
+    report.local_items = len(items)
+    neg = Negentropy(local_vector(items), options.frame_size_limit)
+    del items
+    seen_have: set[bytes] = set()
+    seen_need: set[bytes] = set()
+    to_push: list[bytes] = []
+    fetch = _Fetcher(conn, intake, options, report, progress)
+
+    def on_round(have: list[bytes], need: list[bytes]) -> None:
+        report.rounds += 1
+        report.reported += len(have) + len(need)
+        for id_ in have:
+            if id_ not in seen_have:
+                seen_have.add(id_)
+                if up:
+                    to_push.append(id_)
+        for id_ in need:
+            if id_ not in seen_need:
+                seen_need.add(id_)
+                if down:
+                    fetch.add(id_)
+        report.have, report.need = len(seen_have), len(seen_need)
+        fetch.raise_failure()
+        progress(report)
+
+    try:
+        await conn.reconcile(filter_obj, neg, on_round)
+        await fetch.finish()
+    finally:
+        fetch.cancel()
+    if up:
+        await _push(conn, store, to_push, options, report, progress)
+    report.seconds = time.monotonic() - started
+    progress(report)
+    return report
+
+
+class _Fetcher:
+    """Needed ids in REQ batches of `fetch_batch`, at most `fetch_in_flight` REQs at once."""
+
+    def __init__(self, conn: PeerConnection, intake: Intake, options: SyncOptions, report: SyncReport,
+                 progress: Callable[[SyncReport], None]) -> None:
+        self.conn, self.intake, self.options, self.report, self.progress = conn, intake, options, report, progress
+        self.pending: list[str] = []
+        self.tasks: list[asyncio.Task] = []
+        self.slots = asyncio.Semaphore(options.fetch_in_flight)  # REQs awaiting EOSE
+        self.storing = asyncio.Semaphore(2)  # batches being validated and stored: bounds memory, lets REQs overlap
+
+    def add(self, id_: bytes) -> None:
+        """Queue one needed id; a full batch starts its REQ."""
+        self.pending.append(id_.hex())
+        if len(self.pending) >= self.options.fetch_batch:
+            self._launch()
+
+    def _launch(self) -> None:
+        batch, self.pending = self.pending, []
+        self.tasks.append(asyncio.create_task(self._fetch(batch)))
+
+    async def _fetch(self, ids: list[str]) -> None:
+        wanted = set(ids)
+
+        def allowed(event: Event) -> str | None:
+            if event.id not in wanted:
+                return "invalid: the peer sent an event that was not asked for"
+            wanted.discard(event.id)  # a second copy is not stored twice
+            return None
+
+        remaining = ids
+        while remaining:
+            async with self.slots:
+                objects = await self.conn.fetch(remaining)
+            before = len(wanted)
+            async with self.storing:
+                for outcome, message in await self.intake.accept(objects, allowed):
+                    self.report.count(outcome, message, up=False)
+            self.progress(self.report)
+            # A peer whose max limit is below our batch serves part of it: ask again for the rest,
+            # until a REQ brings nothing new (what is left is not served there).
+            if len(wanted) == before:
+                break
+            remaining = [i for i in remaining if i in wanted]
+        if wanted:
+            self.report.settled[MISSING] += len(wanted)
+            self.report.fetch_done += len(wanted)
+            self.progress(self.report)
+
+    def raise_failure(self) -> None:
+        """Re-raise the error of a failed fetch, if any (stops the reconciliation early)."""
+        for task in self.tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()
+
+    async def finish(self) -> None:
+        """Fetch the last partial batch and wait for every fetch; raises the first failure."""
+        if self.pending:
+            self._launch()
+        await asyncio.gather(*self.tasks)
+
+    def cancel(self) -> None:
+        """Stop the fetches still running (after a failure)."""
+        for task in self.tasks:
+            task.cancel()
+
+
+def push_chunk(push_in_flight: int) -> int:
+    """Events per `publish_many` write: `push_in_flight` is spread over several writes for overlap."""
+    return max(1, min(50, push_in_flight // 4))
+
+
+async def _push(conn: PeerConnection, store: Store, ids: list[bytes], options: SyncOptions,
+                report: SyncReport, progress: Callable[[SyncReport], None]) -> None:
+    """Send the stored events among `ids` with EVENT, at most `push_in_flight` awaiting OK."""
+    chunk = push_chunk(options.push_in_flight)
+    slots = asyncio.Semaphore(max(1, options.push_in_flight // chunk))
+    tasks: set[asyncio.Task] = set()
+    failures: list[BaseException] = []
+
+    async def push_chunk_of(raws: list[bytes]) -> None:
+        try:
+            outcomes = await conn.publish_many([(raw[_ID_SLICE].decode(), raw) for raw in raws])
+            for accepted, message in outcomes:
+                report.count(*classify(accepted, message), up=True)
+            progress(report)
+        except PeerError as exc:
+            failures.append(exc)
+        finally:
+            slots.release()
+
+    try:
+        for start in range(0, len(ids), options.fetch_batch):
+            batch = ids[start:start + options.fetch_batch]
+            raws = await store.query([Filter(ids=frozenset(i.hex() for i in batch))], len(batch), len(batch))
+            if len(raws) < len(batch):
+                report.settled[GONE_LOCALLY] += len(batch) - len(raws)
+                report.push_done += len(batch) - len(raws)
+            for offset in range(0, len(raws), chunk):
+                await slots.acquire()
+                if failures:
+                    raise failures[0]
+                task = asyncio.create_task(push_chunk_of(raws[offset:offset + chunk]))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        await asyncio.gather(*tasks)
+        if failures:
+            raise failures[0]
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+__all__ = ["DIRECTIONS", "Intake", "PeerError", "SyncOptions", "SyncReport", "classify", "local_vector",
+           "sync_with_peer"]

@@ -1,0 +1,227 @@
+"""Per-peer sync state in the database (table `sync_peers`, migration 0004): counts, errors, leases.
+
+How the lease works: a process may sync a peer only while it holds that
+peer's lease, a row field `lease_owner` with an expiry `lease_expires`.
+Taking it is one UPDATE that succeeds only when the lease is free, expired,
+or already ours; SQLite serializes writers, so across processes on one
+database at most one owner wins.  The holder renews it well before expiry
+and stops syncing that peer as soon as a renewal fails (another process
+took it after our lease ran out, e.g. while we were stalled).
+
+The functions take a plain `sqlite3.Connection` in autocommit mode, so
+tests call them directly; `PeerStates` runs them on an aiosqlite connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import socket
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import structlog
+
+from relay.store import db
+
+log = structlog.get_logger(__name__)
+
+_COLUMNS = ("url", "last_attempt", "last_success", "events_in", "events_out", "last_error", "last_error_at",
+            "lease_owner", "lease_expires")
+
+
+@dataclass(frozen=True)
+class PeerState:
+    """One row of `sync_peers`: times in unix seconds (None: never), counts of events."""
+
+    url: str
+    last_attempt: int | None
+    last_success: int | None
+    events_in: int
+    events_out: int
+    last_error: str | None
+    last_error_at: int | None
+    lease_owner: str | None
+    lease_expires: float | None
+
+    def as_dict(self) -> dict:
+        """The row as a JSON-ready dict."""
+        return asdict(self)
+
+
+def new_owner() -> str:
+    """A lease owner name unique to this process: "host:pid:random"."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def _ensure(conn: sqlite3.Connection, url: str) -> None:
+    conn.execute("INSERT OR IGNORE INTO sync_peers (url) VALUES (?)", (url,))
+
+
+def acquire_lease(conn: sqlite3.Connection, url: str, owner: str, now: float, seconds: float) -> bool:
+    """Take (or extend) the lease on `url` for `seconds` from `now`; True when `owner` holds it.
+
+    Succeeds when the lease is free, expired (`lease_expires <= now`), or already `owner`'s.
+    """
+    _ensure(conn, url)
+    cur = conn.execute(
+        "UPDATE sync_peers SET lease_owner = ?, lease_expires = ?"
+        " WHERE url = ? AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires <= ?)",
+        (owner, now + seconds, url, owner, now))
+    return cur.rowcount == 1
+
+
+def renew_lease(conn: sqlite3.Connection, url: str, owner: str, now: float, seconds: float) -> bool:
+    """Extend `owner`'s lease on `url` to `now + seconds`; False when `owner` no longer holds it."""
+    cur = conn.execute("UPDATE sync_peers SET lease_expires = ? WHERE url = ? AND lease_owner = ?",
+                       (now + seconds, url, owner))
+    return cur.rowcount == 1
+
+
+def release_lease(conn: sqlite3.Connection, url: str, owner: str) -> None:
+    """Give up `owner`'s lease on `url` (nothing happens if someone else holds it)."""
+    conn.execute("UPDATE sync_peers SET lease_owner = NULL, lease_expires = NULL WHERE url = ? AND lease_owner = ?",
+                 (url, owner))
+
+
+def record_attempt(conn: sqlite3.Connection, url: str, now: int) -> None:
+    """Note that a connection attempt to `url` starts at `now` (unix seconds)."""
+    _ensure(conn, url)
+    conn.execute("UPDATE sync_peers SET last_attempt = ? WHERE url = ?", (now, url))
+
+
+def add_counts(conn: sqlite3.Connection, url: str, events_in: int, events_out: int,
+               success_at: int | None = None) -> None:
+    """Add to the all-time event counts of `url`; with `success_at`, also set `last_success`."""
+    _ensure(conn, url)
+    conn.execute("UPDATE sync_peers SET events_in = events_in + ?, events_out = events_out + ?,"
+                 " last_success = coalesce(?, last_success) WHERE url = ?", (events_in, events_out, success_at, url))
+
+
+def record_error(conn: sqlite3.Connection, url: str, now: int, error: str) -> None:
+    """Remember why the last attempt on `url` failed (text truncated to 1000 characters)."""
+    _ensure(conn, url)
+    conn.execute("UPDATE sync_peers SET last_error = ?, last_error_at = ? WHERE url = ?", (error[:1000], now, url))
+
+
+def read_states(conn: sqlite3.Connection) -> list[PeerState]:
+    """Every peer's state, by URL; [] when the database predates the sync migration."""
+    try:
+        rows = conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM sync_peers ORDER BY url").fetchall()
+    except sqlite3.OperationalError:
+        return []
+    return [PeerState(*(r.decode() if isinstance(r, bytes) else r for r in row)) for row in rows]
+
+
+class PeerStates:
+    """The state functions above on one aiosqlite connection of their own (writes are rare and tiny)."""
+
+    def __init__(self, conn) -> None:
+        self._conn = conn
+
+    @classmethod
+    async def open(cls, path: Path | str) -> PeerStates:
+        """Connect to the (already migrated) database at `path`."""
+        return cls(await db.connect(Path(path)))
+
+    async def close(self) -> None:
+        """Close the connection."""
+        await self._conn.close()
+
+    async def acquire_lease(self, url: str, owner: str, seconds: float) -> bool:
+        """`acquire_lease` at the current time."""
+        return await db.run(self._conn, acquire_lease, url, owner, time.time(), seconds)
+
+    async def renew_lease(self, url: str, owner: str, seconds: float) -> bool:
+        """`renew_lease` at the current time."""
+        return await db.run(self._conn, renew_lease, url, owner, time.time(), seconds)
+
+    async def release_lease(self, url: str, owner: str) -> None:
+        """`release_lease`."""
+        await db.run(self._conn, release_lease, url, owner)
+
+    async def record_attempt(self, url: str) -> None:
+        """`record_attempt` now."""
+        await db.run(self._conn, record_attempt, url, int(time.time()))
+
+    async def add_counts(self, url: str, events_in: int, events_out: int, success: bool = False) -> None:
+        """`add_counts`; `success` sets `last_success` to now."""
+        await db.run(self._conn, add_counts, url, events_in, events_out, int(time.time()) if success else None)
+
+    async def record_error(self, url: str, error: str) -> None:
+        """`record_error` now."""
+        await db.run(self._conn, record_error, url, int(time.time()), error)
+
+    async def read(self) -> list[PeerState]:
+        """`read_states`."""
+        return await db.run(self._conn, read_states)
+
+    @asynccontextmanager
+    async def hold(self, url: str, owner: str, seconds: float) -> AsyncIterator[None]:
+        """Run the body while `owner` holds the lease on `url`, renewing it every `seconds / 3`.
+
+        Raises:
+            LeaseBusy: another process holds the lease (the body does not run).
+            LeaseLost: a renewal found the lease taken by another process; the body was cancelled.
+        """
+        if not await self.acquire_lease(url, owner, seconds):
+            raise LeaseBusy(url, await db.run(self._conn, _lease_holder, url))
+        body = asyncio.current_task()
+        lost = False
+
+        async def renew() -> None:
+            nonlocal lost
+            while True:
+                await asyncio.sleep(seconds / 3)
+                try:
+                    held = await self.renew_lease(url, owner, seconds)
+                except sqlite3.Error as exc:  # e.g. locked for long: try again; the lease outlives two misses
+                    log.warning("lease_renewal_failed", peer=url, error=repr(exc))
+                    continue
+                if not held:
+                    lost = True
+                    body.cancel()
+                    return
+
+        renewer = asyncio.create_task(renew(), name=f"lease {url}")
+        try:
+            yield
+        except asyncio.CancelledError:
+            if lost and body.uncancel() == 0:
+                raise LeaseLost(url) from None
+            raise
+        finally:
+            renewer.cancel()
+            if not lost:
+                try:
+                    await self.release_lease(url, owner)
+                except sqlite3.Error as exc:  # it expires by itself
+                    log.warning("lease_release_failed", peer=url, error=repr(exc))
+
+
+class LeaseBusy(RuntimeError):
+    """Another process holds the lease on a peer; `holder` is (owner, expires unix seconds) or None."""
+
+    def __init__(self, url: str, holder: tuple[str, float] | None) -> None:
+        who = f"{holder[0]} until {time.strftime('%H:%M:%S', time.localtime(holder[1]))}" if holder else "someone"
+        super().__init__(f"another process is syncing {url} (lease held by {who})")
+        self.url = url
+        self.holder = holder
+
+
+class LeaseLost(RuntimeError):
+    """Our lease on a peer was taken by another process while we were syncing it."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(f"lost the lease on {url} to another process")
+        self.url = url
+
+
+def _lease_holder(conn: sqlite3.Connection, url: str) -> tuple[str, float] | None:
+    row = conn.execute("SELECT lease_owner, lease_expires FROM sync_peers WHERE url = ?", (url,)).fetchone()
+    return (row[0], row[1]) if row and row[0] is not None else None

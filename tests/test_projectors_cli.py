@@ -1,0 +1,135 @@
+"""The projector command line as real subprocesses (`python -m relay`): verify, projectors list | rebuild |
+refusals, query; configuration of projectors from TOML."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REAL_EVENTS, Keys
+
+REPO = Path(__file__).resolve().parents[1]
+BAD = Keys(0xBAD).sign(kind=0, content="{not json", created_at=1_700_000_000)
+ZAPS_TOML = """
+[[projectors]]
+table = "zaps"
+kind = 9735
+primary_key = ["id"]
+revision = {revision}
+fields = [
+    {{ name = "id", type = "TEXT", source = "id" }},
+    {{ name = "recipient", type = "TEXT", source = "tag:p" }},
+    {{ name = "bolt11", type = "TEXT", source = "tag:bolt11", required = true }},
+]
+"""
+
+
+def relay(*args, check: int | None = 0) -> subprocess.CompletedProcess:
+    """Run `python -m relay ARGS` (no RELAY_* environment); assert the exit code when `check` is not None."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    proc = subprocess.run([sys.executable, "-m", "relay", *map(str, args)], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=120)
+    if check is not None:
+        assert proc.returncode == check, proc.stdout + proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory) -> Path:
+    """A database holding the first 2,000 real events and one malformed profile, imported with the defaults."""
+    path = tmp_path_factory.mktemp("cli") / "relay.db"
+    source = path.parent / "events.jsonl"
+    lines = REAL_EVENTS.read_text(encoding="utf-8").split("\n")[:2000]
+    source.write_text("\n".join(lines + [json.dumps(BAD)]) + "\n", encoding="utf-8")
+    relay("import", source, "--db", path)
+    return path
+
+
+def test_verify_list_query_and_refusals_on_an_imported_store(db):
+    """verify exits 0; list shows four current projectors; query and refusals print what is stored."""
+    out = relay("verify", "--db", db).stdout
+    assert "relay verify: 4 of 4 projected tables agree with the events" in out
+    listing = relay("projectors", "list", "--db", db).stdout.splitlines()
+    assert listing[0].split()[:4] == ["NAME", "KIND", "REV", "STATE"]
+    assert [line.split()[0] for line in listing[1:]] == ["profiles", "follows", "relay_lists", "articles"]
+    assert all(line.split()[3] == "current" for line in listing[1:])
+    conn = sqlite3.connect(db)
+    pubkey, name = conn.execute("SELECT pubkey, name FROM profiles WHERE name IS NOT NULL LIMIT 1").fetchone()
+    follows = conn.execute("SELECT count(*) FROM follows").fetchone()[0]
+    conn.close()
+    found = relay("query", "profiles", "--db", db, "--where", f"pubkey = '{pubkey}'", "--json").stdout.splitlines()
+    assert [json.loads(line)["name"] for line in found] == [name]
+    table = relay("query", "follows", "--db", db).stdout.splitlines()
+    assert table[0].split("\t")[:4] == ["_event_id", "_pubkey", "_created_at", "pubkey"] and len(table) == follows + 1
+    refusals = relay("projectors", "refusals", "--db", db, "--json").stdout.splitlines()
+    assert [(r["projector"], r["event_id"], r["reason"]) for r in map(json.loads, refusals)] == [
+        ("profiles", BAD["id"], "content is not valid JSON")]
+
+
+def test_query_refuses_unknown_tables_and_bad_sql(db):
+    """Only projected tables can be queried (exit 2); a bad --where is reported (exit 2)."""
+    assert "not a projected table" in relay("query", "events", "--db", db, check=2).stderr
+    assert "no such column" in relay("query", "profiles", "--db", db, "--where", "nope = 1", check=2).stderr
+
+
+def test_verify_reports_tampering_and_rebuild_repairs_it(db, tmp_path):
+    """A changed, a deleted and an invented row: verify exits 1 naming them; `projectors rebuild` repairs."""
+    copy = tmp_path / "copy.db"
+    source = sqlite3.connect(db)
+    source.backup(target := sqlite3.connect(copy))
+    source.close()
+    target.execute("UPDATE profiles SET name = 'tampered' WHERE pubkey = (SELECT min(pubkey) FROM profiles)")
+    target.execute("DELETE FROM follows WHERE followed = (SELECT min(followed) FROM follows)")
+    target.execute("INSERT INTO relay_lists VALUES ('e', 'p', 1, 'orphan-author', 'wss://orphan', NULL)")
+    target.commit()
+    target.close()
+    out = relay("verify", "--db", copy, check=1).stdout
+    assert "profiles: 0 missing, 0 orphan, 1 mismatched" in out
+    assert "follows: " in out and " missing, 0 orphan, 0 mismatched" in out
+    assert "relay_lists: 0 missing, 1 orphan, 0 mismatched" in out and "orphan: orphan-author | wss://orphan" in out
+    for name in ("profiles", "follows", "relay_lists"):
+        assert f"rebuilt {name} from" in relay("projectors", "rebuild", name, "--db", copy).stdout
+    assert "4 of 4 projected tables agree" in relay("verify", "--db", copy).stdout
+    assert "no configured projector 'nope'" in relay("projectors", "rebuild", "nope", "--db", copy, check=2).stderr
+
+
+def test_configured_projector_revision_and_removal(db, tmp_path):
+    """A projector from TOML: pending until the store opens, rebuilt on a revision bump, reported once removed."""
+    copy = tmp_path / "copy.db"
+    source = sqlite3.connect(db)
+    source.backup(target := sqlite3.connect(copy))
+    source.close()
+    target.close()
+    config = tmp_path / "relay.toml"
+    config.write_text(ZAPS_TOML.format(revision=1))
+    listing = relay("projectors", "list", "--config", config, "--db", copy).stdout
+    assert "pending (new)" in listing and "removed from the configuration" in listing
+    assert "not built for this configuration (new)" in relay("verify", "--config", config, "--db", copy, check=1).stdout
+    relay("projectors", "rebuild", "zaps", "--config", config, "--db", copy)
+    out = relay("verify", "--config", config, "--db", copy).stdout
+    assert "zaps: ok" in out and "profiles: no longer configured" in out
+    config.write_text(ZAPS_TOML.format(revision=2))
+    assert "pending (revision 1 -> 2)" in relay("projectors", "list", "--config", config, "--db", copy).stdout
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    relay("import", empty, "--config", config, "--db", copy)  # any writer's start-up rebuilds what changed
+    listing = relay("projectors", "list", "--config", config, "--db", copy).stdout.splitlines()
+    assert next(line for line in listing if line.startswith("zaps ")).split()[:4] == ["zaps", "9735", "2", "current"]
+    conn = sqlite3.connect(copy)
+    assert conn.execute("SELECT count(*) FROM zaps").fetchone()[0] == conn.execute(
+        "SELECT count(*) FROM events WHERE kind = 9735").fetchone()[0] > 0
+    conn.close()
+
+
+def test_bad_projector_config_exits_2_naming_projector_and_field(tmp_path):
+    """A spec whose key does not match its kind stops every subcommand with exit 2 and a clear message."""
+    config = tmp_path / "relay.toml"
+    config.write_text(ZAPS_TOML.format(revision=1).replace('primary_key = ["id"]', 'primary_key = ["recipient"]'))
+    err = relay("verify", "--config", config, "--db", tmp_path / "x.db", check=2).stderr
+    assert "projectors: projector 'zaps': primary_key must be the fields whose sources are 'id'" in err
