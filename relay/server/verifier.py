@@ -3,7 +3,10 @@
 coincurve releases the GIL, so a small thread pool verifies in parallel with
 the event loop.  Requests made during one loop iteration are gathered and
 sent to the pool as one chunk per thread: the cost of a thread hop is paid
-per chunk, not per event.  Results come back as callbacks on the loop.
+per chunk, not per event.  Results come back as callbacks on the loop, in the
+order the events were submitted (chunks finishing early wait for the ones
+before them), so events from one connection reach the writer in the order
+they arrived.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ class Verifier:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="verify")
         self._pending: list[tuple[Event, Callback]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._next_ticket = 0  # chunks are numbered as submitted ...
+        self._next_to_deliver = 0  # ... and delivered in that order
+        self._finished: dict[int, tuple[list[tuple[Event, Callback]], Future]] = {}
 
     def verify(self, event: Event, done: Callback) -> None:
         """Check `event`'s signature on a worker thread; `done(valid: bool)` runs on the loop."""
@@ -38,19 +44,21 @@ class Verifier:
             self._loop.call_soon(self._flush)
         self._pending.append((event, done))
 
-    async def check(self, event: Event) -> bool:
-        """Awaitable form of `verify`."""
-        future = asyncio.get_running_loop().create_future()
-        self.verify(event, future.set_result)
-        return await future
-
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
         size = -(-len(pending) // self._threads)
         for start in range(0, len(pending), size):
             chunk = pending[start:start + size]
+            ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
             result = self._pool.submit(_verify_all, [e for e, _ in chunk])
-            result.add_done_callback(lambda r, chunk=chunk: self._loop.call_soon_threadsafe(_resolve, chunk, r))
+            result.add_done_callback(
+                lambda r, t=ticket, c=chunk: self._loop.call_soon_threadsafe(self._finish, t, c, r))
+
+    def _finish(self, ticket: int, chunk: list[tuple[Event, Callback]], result: Future) -> None:
+        self._finished[ticket] = (chunk, result)
+        while self._next_to_deliver in self._finished:
+            _resolve(*self._finished.pop(self._next_to_deliver))
+            self._next_to_deliver += 1
 
     def close(self) -> None:
         """Stop the worker threads (after finishing what they hold)."""

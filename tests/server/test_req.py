@@ -136,3 +136,17 @@ async def test_ephemeral_events_are_relayed_but_not_stored(client, relay, alice)
         assert await other.req("again", {"kinds": [20001]}) == []
     finally:
         await other.close()
+
+
+async def test_pipelined_events_are_settled_in_arrival_order(client, alice):
+    """Versions of a replaceable event pipelined on one connection are each accepted, in order, then superseded."""
+    versions = [alice.sign(kind=0, content=f"v{i}", created_at=10_000 + i) for i in range(400)]
+    for event in versions:
+        await client.send(["EVENT", event])
+    replies = {}
+    while len(replies) < len(versions):
+        reply = await client.recv()
+        replies[reply[1]] = reply
+    refused = [replies[e["id"]] for e in versions if replies[e["id"]][2] is not True]
+    assert refused == []
+    assert [e["content"] for e in await client.req("s", {"kinds": [0], "authors": [alice.pubkey]})] == ["v399"]
