@@ -1,0 +1,274 @@
+"""REQ latency: time from sending a REQ to receiving its EOSE, all events parsed by the client.
+
+    .venv/bin/python bench/query.py --relay nostr-relay --n 100000      # start, load, query
+    .venv/bin/python bench/query.py --relay localrelay --n 50000
+    .venv/bin/python bench/query.py --url ws://127.0.0.1:7777 --n 100000  # already loaded
+
+Queries (each repeated --reps times on its own connection after 3 warm-ups):
+  author_feed   {"authors":[A],"limit":500}              A = author with most events
+  kind_since    {"kinds":[1],"since":T,"limit":500}       T = created_at 2,000 events from the end
+  e_thread      {"#e":[R],"limit":500}                     R = most-replied root
+  p_mentions    {"#p":[P],"limit":500}                     P = most-tagged pubkey
+  one_id        {"ids":[x]}                                x random per repetition
+  ids_100       {"ids":[100 random]}
+  count_kind1   COUNT {"kinds":[1]}                        NIP-45, skipped if unanswered
+  count_p       COUNT {"#p":[P]}
+Every EVENT received is orjson-parsed in the receive callback; the clock stops when EOSE
+(or COUNT) is parsed.  TCP_NODELAY is set, TCP_QUICKACK set and re-armed after every
+receive.  Returned sets are compared with a model of the store (replaceable events
+collapsed, newest first, limit applied): "match" says whether ids agree.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+import events  # noqa: E402
+import ingest  # noqa: E402
+import stores  # noqa: E402
+from wsraw import WSClient  # noqa: E402
+
+
+# ------------------------------------------------------------------ store model
+def is_replaceable(kind: int) -> bool:
+    return kind in (0, 3) or 10000 <= kind < 20000
+
+
+def model_store(lines: list[bytes]) -> list[dict]:
+    """The events a NIP-01 relay should hold after receiving `lines` (replaceables collapsed)."""
+    evs = [orjson.loads(ln) for ln in lines]
+    latest: dict[tuple[str, int], dict] = {}
+    for e in evs:
+        if is_replaceable(e["kind"]):
+            k = (e["pubkey"], e["kind"])
+            cur = latest.get(k)
+            if cur is None or (e["created_at"], cur["id"]) > (cur["created_at"], e["id"]):
+                latest[k] = e
+    keep = {id(v) for v in latest.values()}
+    return [e for e in evs if not is_replaceable(e["kind"]) or id(e) in keep]
+
+
+def matches(f: dict, e: dict) -> bool:
+    if "ids" in f and e["id"] not in f["ids"]:
+        return False
+    if "authors" in f and e["pubkey"] not in f["authors"]:
+        return False
+    if "kinds" in f and e["kind"] not in f["kinds"]:
+        return False
+    if "since" in f and e["created_at"] < f["since"]:
+        return False
+    if "until" in f and e["created_at"] > f["until"]:
+        return False
+    for k, vals in f.items():
+        if k.startswith("#"):
+            name = k[1:]
+            if not any(len(t) >= 2 and t[0] == name and t[1] in vals for t in e["tags"]):
+                return False
+    return True
+
+
+def expected(store: list[dict], f: dict) -> list[str]:
+    m = [e for e in store if matches(f, e)]
+    m.sort(key=lambda e: (-e["created_at"], e["id"]))
+    if "limit" in f:
+        m = m[:f["limit"]]
+    return [e["id"] for e in m]
+
+
+def pick_targets(store: list[dict], seed: int = 7) -> dict:
+    rng = random.Random(seed)
+    by_author: dict[str, int] = {}
+    e_refs: dict[str, int] = {}
+    p_refs: dict[str, int] = {}
+    for e in store:
+        by_author[e["pubkey"]] = by_author.get(e["pubkey"], 0) + 1
+        if e["kind"] == 1:
+            for t in e["tags"]:
+                if len(t) >= 2 and t[0] == "e":
+                    e_refs[t[1]] = e_refs.get(t[1], 0) + 1
+                elif len(t) >= 2 and t[0] == "p":
+                    p_refs[t[1]] = p_refs.get(t[1], 0) + 1
+    author = max(by_author, key=by_author.get)
+    root = max(e_refs, key=e_refs.get)
+    ptag = max(p_refs, key=p_refs.get)
+    since = sorted(e["created_at"] for e in store)[-2000]
+    regular_ids = [e["id"] for e in store if not is_replaceable(e["kind"])]
+    return {"author": author, "author_events": by_author[author], "root": root,
+            "root_refs": e_refs[root], "ptag": ptag, "ptag_refs": p_refs[ptag],
+            "since": since, "ids": regular_ids, "rng": rng}
+
+
+def query_specs(t: dict) -> list[tuple[str, str, object]]:
+    """(name, verb, filter or callable(rng)->filter)."""
+    ids = t["ids"]
+    return [
+        ("author_feed", "REQ", {"authors": [t["author"]], "limit": 500}),
+        ("kind_since", "REQ", {"kinds": [1], "since": t["since"], "limit": 500}),
+        ("e_thread", "REQ", {"#e": [t["root"]], "limit": 500}),
+        ("p_mentions", "REQ", {"#p": [t["ptag"]], "limit": 500}),
+        ("one_id", "REQ", lambda rng: {"ids": [rng.choice(ids)]}),
+        ("ids_100", "REQ", lambda rng: {"ids": rng.sample(ids, 100)}),
+        ("count_kind1", "COUNT", {"kinds": [1]}),
+        ("count_p", "COUNT", {"#p": [t["ptag"]]}),
+    ]
+
+
+# ------------------------------------------------------------------ client
+class Querier:
+    def __init__(self):
+        self.sub = None
+        self.ids: list[str] = []
+        self.fut: asyncio.Future | None = None
+        self.t_done = 0.0
+        self.count = None
+        self.closed_reason = None
+        self.notices: list[str] = []
+
+    def on_msg(self, m: bytes) -> None:
+        r = orjson.loads(m)  # every message, events included, is fully parsed
+        typ = r[0]
+        if typ == "EVENT":
+            if r[1] == self.sub:
+                self.ids.append(r[2]["id"])
+        elif typ == "EOSE" or typ == "COUNT" or typ == "CLOSED":
+            if r[1] == self.sub and self.fut and not self.fut.done():
+                self.t_done = time.perf_counter()
+                if typ == "COUNT":
+                    self.count = r[2].get("count") if isinstance(r[2], dict) else r[2]
+                if typ == "CLOSED":
+                    self.closed_reason = str(r[2]) if len(r) > 2 else ""
+                self.fut.set_result(typ)
+        elif typ == "NOTICE":
+            if len(self.notices) < 5:
+                self.notices.append(str(r[1])[:200])
+
+    async def run(self, ws: WSClient, verb: str, sub: str, flt: dict, timeout: float):
+        self.sub = sub
+        self.ids = []
+        self.count = None
+        self.closed_reason = None
+        self.fut = asyncio.get_running_loop().create_future()
+        msg = orjson.dumps([verb, sub, flt])
+        t0 = time.perf_counter()
+        ws.send(msg)
+        try:
+            typ = await asyncio.wait_for(self.fut, timeout)
+        except asyncio.TimeoutError:
+            return None, "timeout"
+        lat = self.t_done - t0
+        if verb == "REQ" and typ == "EOSE":
+            ws.send(orjson.dumps(["CLOSE", sub]))
+        return lat, typ
+
+
+async def bench_queries(url: str, targets: dict, store: list[dict] | None, reps: int = 100,
+                        warmup: int = 3, per_query_cap: float = 30.0,
+                        only: list[str] | None = None) -> list[dict]:
+    rng = random.Random(11)
+    out = []
+    for name, verb, f in query_specs(targets):
+        if only and name not in only:
+            continue
+        q = Querier()
+        ws = await WSClient.connect(url, q.on_msg, quickack=True)
+        lats: list[float] = []
+        res = {"query": name, "verb": verb, "reps": 0, "errors": {}, "returned": None,
+               "expected": None, "match": None}
+        t_start = time.perf_counter()
+        for i in range(warmup + reps):
+            flt = f(rng) if callable(f) else f
+            lat, typ = await q.run(ws, verb, f"{name}-{i}", flt, 10.0 if i else 15.0)
+            if lat is None or typ == "CLOSED":
+                key = typ if lat is None else f"CLOSED: {q.closed_reason}"
+                res["errors"][key] = res["errors"].get(key, 0) + 1
+                if lat is None and ws.is_closed:
+                    res["errors"]["connection closed"] = 1
+                    break
+                if verb == "COUNT" and lat is None:
+                    res["unsupported"] = True  # no answer: the relay ignores COUNT
+                    break
+                continue
+            if i == warmup and store is not None:  # check one answer against the model
+                if verb == "REQ":
+                    exp = expected(store, flt)
+                    res["returned"], res["expected"] = len(q.ids), len(exp)
+                    res["match"] = sorted(q.ids) == sorted(exp)
+                else:
+                    exp = len(expected(store, flt))
+                    res["returned"], res["expected"] = q.count, exp
+                    res["match"] = q.count == exp
+            if i >= warmup:
+                lats.append(lat)
+            if time.perf_counter() - t_start > per_query_cap and len(lats) >= 10:
+                res["capped"] = True
+                break
+        await ws.close(1.0)
+        lats.sort()
+        res["reps"] = len(lats)
+        if lats:
+            res["p50_ms"] = common.percentile(lats, 0.5) * 1e3
+            res["p99_ms"] = common.percentile(lats, 0.99) * 1e3
+            res["mean_ms"] = sum(lats) / len(lats) * 1e3
+        if q.notices:
+            res["notices"] = q.notices
+        out.append(res)
+    return out
+
+
+def fmt_row(r: dict) -> str:
+    if not r["reps"]:
+        return f"  {r['query']:<12} no result: {r['errors']}" + (" (unsupported)" if r.get("unsupported") else "")
+    s = (f"  {r['query']:<12} p50 {r['p50_ms']:8.2f} ms  p99 {r['p99_ms']:8.2f} ms  "
+         f"(n={r['reps']}) returned {r['returned']} expected {r['expected']}"
+         f"{'' if r['match'] in (True, None) else '  MISMATCH'}")
+    if r["errors"]:
+        s += f"  errors {r['errors']}"
+    return s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--url", help="query an already loaded relay")
+    g.add_argument("--relay", choices=["ours", "nostr-relay", "localrelay"])
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--only", nargs="*")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    lines = events.load(args.n)
+    store = model_store(lines)
+    targets = pick_targets(store)
+    common.eprint(f"targets: author with {targets['author_events']} events, root with "
+                  f"{targets['root_refs']} refs, pubkey with {targets['ptag_refs']} mentions")
+    srv = None
+    try:
+        if args.relay:
+            srv, info = stores.start_loaded(args.relay, args.n)
+            if "load" in info:
+                common.eprint(f"loaded by publishing: {ingest.fmt(info['load'])}")
+            url = srv.url
+        else:
+            url = args.url
+        common.install_uvloop()
+        res = asyncio.run(bench_queries(url, targets, store, args.reps, only=args.only))
+        for r in res:
+            print(fmt_row(r))
+        if args.json:
+            Path(args.json).write_text(json.dumps(res, indent=1))
+    finally:
+        if srv:
+            srv.stop()
+
+
+if __name__ == "__main__":
+    main()
