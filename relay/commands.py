@@ -51,6 +51,9 @@ async def run_export(config: Config, filter_json: str, output: Path | None) -> i
     except Rejection as exc:
         print(f"relay export: bad --filter: {exc}", file=sys.stderr)
         return 2
+    if not Path(config.store.path).exists():
+        print(f"relay export: no database at {config.store.path}", file=sys.stderr)
+        return 2
     store = await Store.open(config.store.path, config.store.options(read_connections=1))
     try:
         out = output.open("wb") if output else sys.stdout.buffer

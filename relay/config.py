@@ -62,6 +62,7 @@ class LimitsConfig:
     max_created_at_future_seconds: int = 900
     max_events_in_flight: int = 1_024
     max_live_queue: int = 2_048
+    max_live_queue_bytes: int = 16_777_216
 
     def event_limits(self) -> EventLimits:
         """The per-event limits `parse_event` checks."""
@@ -383,6 +384,8 @@ def _check_consistency(config: Config) -> None:
     if limits.max_live_queue <= config.store.max_batch:
         # One commit can queue a whole batch for a reader at once.
         raise ConfigError("limits.max_live_queue: must exceed store.max_batch")
+    if limits.max_live_queue_bytes < limits.max_message_bytes:
+        raise ConfigError("limits.max_live_queue_bytes: must be at least limits.max_message_bytes")
     if limits.max_message_bytes < 1024:
         raise ConfigError("limits.max_message_bytes: must be at least 1024")
     if config.sync.backoff_initial_seconds > config.sync.backoff_max_seconds:

@@ -178,7 +178,7 @@ async def run_relay(config: Config) -> int:
     # Start-up objects never die: keep them out of GC passes, and collect the
     # young generation less often (every event allocates a few containers).
     gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
+    gc.set_threshold(10_000, 10, 10)
     # The writer and verifier threads drop the GIL inside SQLite and secp256k1;
     # a short switch interval lets them take it back without waiting 5 ms.
     sys.setswitchinterval(_SWITCH_INTERVAL_SECONDS)

@@ -8,7 +8,8 @@ being read (back-pressure).  A REQ registers its live subscription first,
 then a task sends the stored results (paced by the socket's send buffer) and
 EOSE, then the live events that arrived meanwhile, de-duplicated.  OKs and
 live events wait in one outgoing queue that a sender task writes in batches;
-a reader that lets more than `max_live_queue` live events pile up is
+a reader that lets more than `max_live_queue` live events (or
+`max_live_queue_bytes` of them) pile up is
 disconnected and counted, so it slows no one else.  Other replies (NOTICE,
 CLOSED, COUNT) are written by the read loop itself, which waits for them.
 """
@@ -88,9 +89,11 @@ class Connection:
         self._limits = relay.config.limits
         self._in_flight = 0  # EVENTs whose OK has not been written yet
         self._slot_free = asyncio.Event()
+        self._query_slot = asyncio.Semaphore(1)
         self._out: deque[bytes] = deque()
         self._out_ready = asyncio.Event()
         self._queued_live = 0
+        self._queued_live_bytes = 0
         self._queued_oks = 0
         self._closing = False
         self.negentropy = relay.negentropy.sessions_for(self.send)  # NIP-77 sessions (relay/server/negentropy.py)
@@ -119,6 +122,8 @@ class Connection:
                 if self._in_flight >= self._limits.max_events_in_flight:
                     self._slot_free.clear()
                     await self._slot_free.wait()
+                    if self._closing:
+                        return  # the sender stopped: the socket is gone, the next recv ends the loop
                 await self.relay.store.wait_for_room()
                 self._in_flight += 1
                 self._event(envelope.event)
@@ -207,14 +212,23 @@ class Connection:
         sub.task = asyncio.create_task(self._serve_stored(sub))
 
     async def _serve_stored(self, sub: LiveSubscription) -> None:
+        stored: list[bytes] = []
         try:
-            stored = await self.relay.store.query(sub.filters, self._limits.default_limit, self._limits.max_limit)
-            messages = [encode_event(sub.sub_id, raw) for raw in stored]
-            messages.append(encode_eose(sub.sub_id))
-            for start in range(0, len(messages), _STORED_CHUNK):
-                await self.send_many(messages[start:start + _STORED_CHUNK])
+            # One stored query at a time per connection: a client cannot hold every
+            # read connection, nor more than one result set in memory.
+            async with self._query_slot:
+                stored = await self.relay.store.query(sub.filters, self._limits.default_limit, self._limits.max_limit)
+            for start in range(0, len(stored), _STORED_CHUNK):
+                await self.send_many([encode_event(sub.sub_id, raw) for raw in stored[start:start + _STORED_CHUNK]])
+            await self.send(encode_eose(sub.sub_id))
+            pending, sub.pending = sub.pending, None
+            if pending:
+                sent = {raw[_ID_SLICE] for raw in stored}
+                for event in pending:
+                    if event.id.encode() not in sent:
+                        self.push_live(encode_event(sub.sub_id, event.raw))
         except ConnectionClosed:
-            return
+            pass
         except Exception as exc:
             message = self.relay.internal_error("req_failed", exc, sub_id=sub.sub_id)
             self._unsubscribe(sub.sub_id)
@@ -222,17 +236,14 @@ class Connection:
                 await self.send(encode_closed(sub.sub_id, message))
             except ConnectionClosed:
                 pass
-            return
-        pending, sub.pending = sub.pending, None
-        if pending:
-            sent = {raw[_ID_SLICE] for raw in stored}
-            for event in pending:
-                if event.id.encode() not in sent:
-                    self.push_live(encode_event(sub.sub_id, event.raw))
+        finally:
+            # A cancelled task keeps its frame alive through the exception: let go of the results now.
+            stored = None
 
     async def _count(self, req: CountEnvelope) -> None:
         try:
-            count = await self.relay.store.count(req.filters)
+            async with self._query_slot:
+                count = await self.relay.store.count(req.filters)
         except Exception as exc:
             await self.send(encode_closed(req.sub_id, self.relay.internal_error("count_failed", exc)))
             return
@@ -245,6 +256,7 @@ class Connection:
         self.relay.subscriptions.remove(sub, sub.filters)
         if sub.task is not None and not sub.task.done():
             sub.task.cancel()
+        sub.task = None  # no task <-> subscription cycle left for the GC
 
     def _push_ok(self, message: bytes) -> None:
         # The EVENT's in-flight slot is freed when this reply has been written (see _send_queued).
@@ -253,12 +265,14 @@ class Connection:
         self._out_ready.set()
 
     def push_live(self, message: bytes) -> None:
-        """Queue a live message; more than `max_live_queue` waiting disconnects this slow reader."""
+        """Queue a live message; past `max_live_queue` messages or `max_live_queue_bytes` waiting, drop this slow reader."""
         if self._closing:
             return
         self._out.append(message)
         self._queued_live += 1
-        if self._queued_live > self._limits.max_live_queue:
+        self._queued_live_bytes += len(message)
+        if (self._queued_live > self._limits.max_live_queue
+                or self._queued_live_bytes > self._limits.max_live_queue_bytes):
             self.drop_slow_reader()
         else:
             self._out_ready.set()
@@ -282,9 +296,11 @@ class Connection:
                 while self._out:
                     batch = list(self._out)
                     self._out.clear()
-                    oks, self._queued_oks, self._queued_live = self._queued_oks, 0, 0
+                    oks, self._queued_oks, self._queued_live, self._queued_live_bytes = self._queued_oks, 0, 0, 0
                     await self.send_many(batch)
                     self._in_flight -= oks
                     self._slot_free.set()
         except ConnectionClosed:
-            pass
+            # Wake a read loop waiting for in-flight slots, or it would wait forever.
+            self._closing = True
+            self._slot_free.set()

@@ -147,10 +147,11 @@ class PeerConnection:
         """Await `awaitable`, failing when it sees no progress for `reply_timeout_seconds`, or the connection breaks.
 
         `progress()` is the loop time of the last sign of progress on this
-        request (default: of the last message from the peer).
+        request (default: of the last message from the peer, or the request's start if later).
         """
         task = asyncio.ensure_future(awaitable)
-        progress = progress or (lambda: self._last_received)
+        started = self._loop.time()  # a quiet link before the request is no sign of a dead peer
+        progress = progress or (lambda: max(self._last_received, started))
         try:
             while True:
                 remaining = progress() + self.reply_timeout_seconds - self._loop.time()

@@ -196,3 +196,25 @@ async def test_slow_reader_is_disconnected_and_others_keep_going(tmp_path, alice
         for c in (slow, fast, publisher):
             await c.close()
         await relay.stop()
+
+
+async def test_slow_reader_is_dropped_by_queued_bytes(tmp_path, alice):
+    """A reader that never reads is dropped once its queued live bytes pass max_live_queue_bytes, even under the count limit."""
+    relay = Relay(make_config(tmp_path, limits={"max_live_queue": 100_000, "max_live_queue_bytes": 200_000,
+                                                "max_message_bytes": 100_000},
+                              negentropy={"enabled": False}))
+    await relay.start()
+    slow = await Client.connect(relay.url, max_queue=1)
+    publisher = await Client.connect(relay.url)
+    padding = "b" * 20_000
+    try:
+        await slow.req("s", {"kinds": [1]})
+        for i in range(600):
+            await publisher.send(["EVENT", alice.sign(content=f"{i} {padding}")])
+        for _ in range(600):
+            assert (await publisher.recv(timeout=30))[2] is True
+        assert relay.slow_readers == 1
+    finally:
+        await slow.close()
+        await publisher.close()
+        await relay.stop()
