@@ -76,7 +76,11 @@ async def connect(path: Path, synchronous: str = "normal", readonly: bool = Fals
     """
     if synchronous not in SYNCHRONOUS_MODES:
         raise ValueError(f"synchronous must be one of {SYNCHRONOUS_MODES}")
-    conn = await aiosqlite.connect(path, isolation_level=None, check_same_thread=False)
+    conn = aiosqlite.connect(path, isolation_level=None, check_same_thread=False)
+    # A daemon thread: a store left open on an error path must not keep the process
+    # from exiting (WAL rolls back whatever was not committed).
+    conn._thread.daemon = True
+    await conn
     await run(conn, _configure, synchronous, readonly, autocheckpoint_pages)
     if readonly:
         conn.text_factory = bytes
