@@ -28,8 +28,8 @@ Coordinate = tuple[int, bytes, str]  # (kind, pubkey, d_tag): d_tag is "" for re
 
 
 @dataclass(slots=True)
-class Row:
-    """An event row: one already stored (read at batch start) or one this batch inserts."""
+class Removed:
+    """An event row that left the store (superseded, deleted or expired)."""
 
     seq: int
     id: bytes
@@ -37,6 +37,12 @@ class Row:
     created_at: int
     kind: int
     d_tag: str | None
+
+
+@dataclass(slots=True)
+class Row(Removed):
+    """An event row: one already stored (read at batch start) or one this batch inserts."""
+
     raw: str
     event: Event | None = None  # set for rows this batch inserts
     origin: str = ""

@@ -23,7 +23,16 @@ from typing import Protocol
 import orjson
 
 from relay.protocol.event import Event
-from relay.store.batch import DELETION_KIND, BatchPlan, BatchState, Coordinate, Row, addresses_deleted_by, coordinate_of
+from relay.store.batch import (
+    DELETION_KIND,
+    BatchPlan,
+    BatchState,
+    Coordinate,
+    Removed,
+    Row,
+    addresses_deleted_by,
+    coordinate_of,
+)
 
 @dataclass(frozen=True, slots=True)
 class Write:
@@ -31,18 +40,6 @@ class Write:
 
     event: Event
     origin: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Removed:
-    """An event row that left the store (superseded, deleted or expired)."""
-
-    seq: int
-    id: bytes
-    pubkey: bytes
-    created_at: int
-    kind: int
-    d_tag: str | None
 
 
 @dataclass(slots=True)
@@ -193,10 +190,6 @@ def _write_plan(cur: sqlite3.Cursor, plan: BatchPlan) -> list[Row]:
     return stored_removed
 
 
-def _removed(row: Row) -> Removed:
-    return Removed(row.seq, row.id, row.pubkey, row.created_at, row.kind, row.d_tag)
-
-
 def _run_hooks(cur: sqlite3.Cursor, hooks: Sequence[TransactionHook], changes: Changes) -> None:
     if changes.inserted or changes.removed:
         for hook in hooks:
@@ -219,7 +212,7 @@ def apply_batch(conn: sqlite3.Connection, writes: list[Write],
             plan.settle(w.event, w.origin)
         stored_removed = _write_plan(cur, plan)
         in_batch = [r for r in plan.removed if r.event is not None]
-        changes = Changes(plan.accepted, [_removed(r) for r in stored_removed + in_batch],
+        changes = Changes(plan.accepted, stored_removed + in_batch,
                           {w.event.id: w.origin for w in writes if w.origin})  # peer sync: no echo to the origin
         _run_hooks(cur, hooks, changes)
         cur.execute("COMMIT")
@@ -239,7 +232,7 @@ def purge_expired(conn: sqlite3.Connection, now: int, max_rows: int,
             "SELECT seq, id, pubkey, created_at, kind, d_tag, raw FROM events WHERE expiration <= ? LIMIT ?",
             (now, max_rows))]
         _delete_stored(cur, rows)
-        changes = Changes([], [_removed(r) for r in rows])
+        changes = Changes([], rows)
         _run_hooks(cur, hooks, changes)
         cur.execute("COMMIT")
     except BaseException:
