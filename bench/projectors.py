@@ -65,6 +65,8 @@ async def _ingest_once(events: list, with_projectors: bool, workdir: Path) -> fl
 
 
 def bench_ingest(n: int, reps: int) -> dict:
+    """Median events/s and CPU seconds of `reps` ingests of the first `n` bench events, without and with the
+    built-in projectors (alternating order), and the slowdown in percent."""
     lines = bench_events.load(n, quiet=True)
     limits = EventLimits(max_created_at_future_seconds=10**10)
     now = time.time()
@@ -136,6 +138,7 @@ def build_big_store(n: int) -> Path:
         Path(str(tmp) + suffix).unlink(missing_ok=True)
 
     async def migrate():
+        """Create the schema through the Store (migrations)."""
         await (await Store.open(tmp, OPTIONS)).close()
 
     asyncio.run(migrate())
@@ -180,6 +183,8 @@ async def _timed_open(path: Path, specs) -> tuple[float, float, list]:
 
 
 def bench_startup(n: int) -> dict:
+    """Seconds of `Store.open` on a copy of the `n`-event store: no projectors, first open (builds all four),
+    unchanged (3 times), profiles at revision 2, follows at revision 2; and the rows of each table."""
     source = build_big_store(n)
     out: dict = {"events": n}
     with tempfile.TemporaryDirectory(dir=BENCH / "results") as tmp:
@@ -215,6 +220,7 @@ def bench_startup(n: int) -> dict:
 
 
 def main() -> None:
+    """Run the benchmarks asked for, print one line each, write bench/results/projectors-<stamp>.json."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=50_000, help="signed events to ingest per run")
     parser.add_argument("--reps", type=int, default=3, help="runs per configuration (medians reported)")

@@ -86,7 +86,7 @@ def test_verify_reports_tampering_and_rebuild_repairs_it(db, tmp_path):
     source.close()
     target.execute("UPDATE profiles SET name = 'tampered' WHERE pubkey = (SELECT min(pubkey) FROM profiles)")
     target.execute("DELETE FROM follows WHERE followed = (SELECT min(followed) FROM follows)")
-    target.execute("INSERT INTO relay_lists VALUES ('e', 'p', 1, 'orphan-author', 'wss://orphan', NULL)")
+    target.execute("INSERT INTO relay_lists (_event_id, _created_at, pubkey, url) VALUES ('e', 1, 'orphan-author', 'wss://orphan')")
     target.commit()
     target.close()
     out = relay("verify", "--db", copy, check=1).stdout

@@ -29,7 +29,9 @@ PROFILES = ProjectorSpec(
 )
 
 FOLLOWS = ProjectorSpec(
-    table="follows", kind=3, primary_key=("pubkey", "followed"), row_per_tag="p", indexes=(("followed",),),
+    # No index on `followed`: "who follows X" is served by the store's tag index (REQ {"kinds": [3], "#p": [X]});
+    # add indexes = [["followed"]] to query it here (about 6 µs more per follow row written).
+    table="follows", kind=3, primary_key=("pubkey", "followed"), row_per_tag="p",
     fields=(
         _text("pubkey", "pubkey"),
         _text("followed", "tag:p:1", required=True),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 
 import structlog
 
@@ -59,8 +60,8 @@ class PlainProjector:
         self.spec = spec
         self.maker = RowMaker(spec)
         table = quote(spec.table)
-        columns = ", ".join(quote(c) for c in spec.columns)
-        marks = ", ".join("?" * len(spec.columns))
+        columns = ", ".join(quote(c) for c in spec.stored_columns)
+        marks = ", ".join("?" * len(spec.stored_columns))
         self.insert_sql = f"INSERT INTO {table} ({columns}) VALUES ({marks})"
         self.replace_sql = f"INSERT OR REPLACE INTO {table} ({columns}) VALUES ({marks})"
         class_key = spec.class_key_columns()
@@ -68,7 +69,8 @@ class PlainProjector:
                            + " AND _event_id = ?")
         self._key_getters = [_removed_getter(column_identity(spec, c)) for c in class_key]
         key = spec.key_columns()
-        self._key_positions = [spec.columns.index(c) for c in key]
+        self._key_positions = [spec.stored_columns.index(c) for c in key]
+        self._event_id_position = spec.stored_columns.index(spec.aliases.get("_event_id", "_event_id"))
         self.undo_sql = (f"DELETE FROM {table} WHERE " + " AND ".join(f"{quote(c)} = ?" for c in key)
                          + " AND _event_id = ?")
 
@@ -91,25 +93,20 @@ class PlainProjector:
         if not groups:
             return 0
         all_rows = [row for _, rows in groups for row in rows]
+        sql = self.replace_sql if replace else self.insert_sql
         if replace:
-            # INSERT OR REPLACE may have replaced rows before failing: only a SAVEPOINT can undo that.
-            cur.execute("SAVEPOINT projector_batch")
-            try:
-                cur.executemany(self.replace_sql, all_rows)
-            except _SQL_ERRORS:
-                cur.execute("ROLLBACK TO projector_batch")
-                written = self._write_one_by_one(cur, self.replace_sql, groups, refusals)
-            else:
-                written = len(all_rows)
-            cur.execute("RELEASE projector_batch")
-            return written
+            # A rebuild writes many rows: in key order, B-tree pages are filled one after the other.
+            all_rows.sort(key=itemgetter(*self._key_positions))
         # No SAVEPOINT on the common path: it would copy every page the batch touches.  executemany stops at
         # the failing row, and each row before it is ours (same key and event id): delete them, then retry.
+        # (A rebuild's INSERT OR REPLACE can only have replaced a row of the same event, written meanwhile
+        # by a writer with the same spec, so deleting it too is what the retry puts back.)
         try:
-            cur.executemany(self.insert_sql, all_rows)
+            cur.executemany(sql, all_rows)
         except _SQL_ERRORS:
-            cur.executemany(self.undo_sql, [tuple(row[i] for i in self._key_positions) + (row[0],) for row in all_rows])
-            return self._write_one_by_one(cur, self.insert_sql, groups, refusals)
+            cur.executemany(self.undo_sql, [tuple(row[i] for i in self._key_positions) + (row[self._event_id_position],)
+                                            for row in all_rows])
+            return self._write_one_by_one(cur, sql, groups, refusals)
         return len(all_rows)
 
     def _write_one_by_one(self, cur: sqlite3.Cursor, sql: str, groups: list[tuple[str, list[tuple]]],
@@ -262,6 +259,18 @@ def _events_by_seq(cur: sqlite3.Cursor, seqs: list[int]) -> list[Event]:
     return [stored_event(raw) for (raw,) in cur.execute(sql, seqs)]
 
 
+class TableTaken(RuntimeError):
+    """A projector names a table that exists and belongs to no projector (it is never dropped or changed)."""
+
+
+def _check_ownership(cur: sqlite3.Cursor, spec: AnySpec) -> None:
+    owned = {t for record in read_meta(cur).values() for t in record.get("tables", ())}
+    for table in (spec.table_names if isinstance(spec, CausalSpec) else (spec.table,)):
+        if table_exists(cur, table) and table not in owned:
+            raise TableTaken(f"projector {spec.name!r}: table {table!r} exists and is not a projector's; "
+                             "choose another table name")
+
+
 def rebuild(conn: sqlite3.Connection, spec: AnySpec, reason: str, batch: int = 10_000, max_refusals: int = 10_000,
             clock: Callable[[], float] = time.time) -> int:
     """Recompute `spec`'s tables from the `events` table, in transactions of `batch` events (at most 900 per
@@ -271,11 +280,15 @@ def rebuild(conn: sqlite3.Connection, spec: AnySpec, reason: str, batch: int = 1
     run while another process writes with the same spec (rows are written
     with INSERT OR REPLACE).  Runs on an autocommit connection, outside any
     transaction.
+
+    Raises:
+        TableTaken: a table of the spec exists and no projector made it.
     """
     started = time.perf_counter()
     log.info("projector_rebuild_started", projector=spec.name, reason=reason)
     is_causal = isinstance(spec, CausalSpec)
     with transaction(conn) as cur:
+        _check_ownership(cur, spec)
         if is_causal:
             causal_mod.create_tables(cur, spec, drop=True)
             cur.execute("DELETE FROM causal_ops WHERE projector = ?", (spec.name,))

@@ -98,6 +98,7 @@ def _tag_getter(source: Source, spec: ProjectorSpec) -> Getter:
         return lambda e, c, t: e.d_tag
 
     def first_tag(e: Event, c: object, t: list | None) -> object:
+        """The value at `position` of the first tag called `name` that has a value, else None."""
         for tag in e.tags:
             if len(tag) > 1 and tag[0] == name:
                 return tag[position] if len(tag) > position else None
@@ -108,6 +109,7 @@ def _tag_getter(source: Source, spec: ProjectorSpec) -> Getter:
 
 def _json_getter(path: tuple[str, ...]) -> Getter:
     def walk(e: Event, c: object, t: list | None) -> object:
+        """The value at `path` in the parsed content (digits index arrays), else None."""
         for key in path:
             if type(c) is dict:
                 c = c.get(key)
@@ -139,11 +141,21 @@ class RowMaker:
         self.spec = spec
         self.needs_json = any(parse_source(f.source).origin == "json" for f in spec.fields)
         self.row_tag = spec.row_per_tag
+        aliases = spec.aliases
+        # Reserved columns that are stored (not aliases of a field), as event attributes.
+        self._head = tuple(attribute for column, attribute in
+                           (("_event_id", "id"), ("_pubkey", "pubkey"), ("_created_at", "created_at"))
+                           if column not in aliases)
         self._fields = [(f.name, getter(parse_source(f.source), spec), _converter(f), f.required,
                          None if f.default is None else CONVERTERS[f.type](f.default), f.type) for f in spec.fields]
+        # The fast path of `_values`: when no field converts, requires or defaults, just the getters.
+        simple = all(convert is None and default is None and (not required or _always_present(f, spec))
+                     for f, (_, _, convert, required, default, _) in zip(spec.fields, self._fields))
+        self._plain = [get for _, get, *_ in self._fields] if simple else None
 
     def rows(self, event: Event) -> list[tuple]:
-        """The rows `event` projects to, in `spec.columns` order (none for a per-tag projector without such tags).
+        """The rows `event` projects to, in `spec.stored_columns` order (none for a per-tag projector without
+        such tags).
 
         Raises:
             Refusal: the event cannot be projected; no row of it may be stored.
@@ -156,7 +168,7 @@ class RowMaker:
                 raise Refusal("content is not valid JSON") from None
             if type(content) is not dict:
                 raise Refusal("content is not a JSON object")
-        head = (event.id, event.pubkey, event.created_at)
+        head = tuple(getattr(event, attribute) for attribute in self._head)
         if self.row_tag is None:
             return [head + self._values(event, content, None)]
         rows, seen, name = [], set(), self.row_tag
@@ -168,6 +180,8 @@ class RowMaker:
         return rows
 
     def _values(self, event: Event, content: object, tag: list | None) -> tuple:
+        if self._plain:  # every value is of the right type already, and nothing is required
+            return tuple([get(event, content, tag) for get in self._plain])
         values = []
         for name, get, convert, required, default, type_ in self._fields:
             value = get(event, content, tag)
@@ -184,6 +198,13 @@ class RowMaker:
             except TypeError:
                 raise Refusal(f"field {name!r}: expected {type_}, got {_describe(value)}") from None
         return tuple(values)
+
+
+def _always_present(f, spec: ProjectorSpec) -> bool:
+    """True when the field's source never lacks a value: an attribute, the content, the row tag's name or value."""
+    source = parse_source(f.source)
+    return source.origin in ("attribute", "content") or (
+        source.origin == "tag" and source.name == spec.row_per_tag and source.position <= 1)
 
 
 def _converter(f) -> Callable[[object], object] | None:

@@ -167,11 +167,35 @@ class ProjectorSpec:
         return {"_event_id": "TEXT", "_pubkey": "TEXT", "_created_at": "INTEGER",
                 **{f.name: f.type for f in self.fields}}
 
+    @property
+    def aliases(self) -> dict[str, str]:
+        """Reserved column -> the field it repeats (a field whose source is id, pubkey or created_at).
+
+        Such a reserved column is a VIRTUAL generated column over that field:
+        every row still has it, and no byte is stored twice.
+        """
+        out = {}
+        for reserved, attribute in (("_event_id", "id"), ("_pubkey", "pubkey"), ("_created_at", "created_at")):
+            field = next((f.name for f in self.fields if f.source == attribute), None)
+            if field is not None:
+                out[reserved] = field
+        return out
+
+    @property
+    def stored_columns(self) -> tuple[str, ...]:
+        """The columns written by INSERT, in the order of `RowMaker.rows`: `columns` without the aliases."""
+        aliases = self.aliases
+        return tuple(c for c in self.columns if c not in aliases)
+
     def key_columns(self) -> tuple[str, ...]:
-        """The table's PRIMARY KEY in storage order: the class key (id | pubkey | pubkey, d), then the tag value."""
+        """The table's PRIMARY KEY in storage order: the class key (id | pubkey | pubkey, d), then the tag value.
+
+        A reserved column named in `primary_key` stands for the field it aliases, if any.
+        """
         by_identity = {column_identity(self, c): c for c in self.primary_key}
         order = _class_key(self.kind) + ((f"tag:{self.row_per_tag}",) if self.row_per_tag else ())
-        return tuple(by_identity[i] for i in order)
+        aliases = self.aliases
+        return tuple(aliases.get(by_identity[i], by_identity[i]) for i in order)
 
     def class_key_columns(self) -> tuple[str, ...]:
         """The leading key columns that identify one event's rows (without the per-tag value)."""

@@ -1,8 +1,10 @@
 """SQL side of projectors: table DDL and schema evolution, the `meta` records, the refusal log.
 
-A projected table is `STRICT` (SQLite checks every value's type), a rowid
-table with its PRIMARY KEY as a unique index (rows can be wide: a profile's
-`about`; rowid tables insert them faster than WITHOUT ROWID).  Its indexes are named
+A projected table is `STRICT` (SQLite checks every value's type).  One row
+per event makes a rowid table with its PRIMARY KEY as a unique index (rows can
+be wide: a profile's `about`); one row per tag value makes narrow rows, stored
+`WITHOUT ROWID` in key order.  A reserved column that repeats a field (`_pubkey`
+when a field's source is `pubkey`) is a VIRTUAL generated column.  Indexes are named
 `<table>__<col>_<col>`; indexes of that form that the spec no longer lists
 are dropped.  `meta` holds one JSON record per projector under
 `projector:<name>`: {"type", "hash", "revision", "state", "tables"}, where
@@ -13,6 +15,7 @@ configured; its table is kept but no longer maintained).
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Iterable
 from contextlib import contextmanager
@@ -20,7 +23,7 @@ from importlib import resources
 
 import orjson
 
-from relay.store.projectors.spec import ProjectorSpec
+from relay.store.projectors.spec import RESERVED_COLUMNS, ProjectorSpec
 
 META_PREFIX = "projector:"
 
@@ -57,11 +60,22 @@ def ensure_store_tables(conn: sqlite3.Connection) -> None:
 def create_table_sql(spec: ProjectorSpec) -> str:
     """The CREATE TABLE statement of `spec`'s table (reserved columns first, then fields, key in storage order)."""
     key = spec.key_columns()
-    lines = ["_event_id TEXT NOT NULL", "_pubkey TEXT NOT NULL", "_created_at INTEGER NOT NULL"]
+    lines = [_reserved_definition(spec, column) for column in RESERVED_COLUMNS]
     for f in spec.fields:
         lines.append(f"{quote(f.name)} {f.type}" + (" NOT NULL" if f.name in key else ""))
     lines.append("PRIMARY KEY (" + ", ".join(quote(c) for c in key) + ")")
-    return f"CREATE TABLE {quote(spec.table)} (\n    " + ",\n    ".join(lines) + "\n) STRICT"
+    # One row per tag value: narrow rows, stored in key order (no separate key index to maintain).
+    options = "STRICT, WITHOUT ROWID" if spec.row_per_tag else "STRICT"
+    return f"CREATE TABLE {quote(spec.table)} (\n    " + ",\n    ".join(lines) + f"\n) {options}"
+
+
+def _reserved_definition(spec: ProjectorSpec, column: str) -> str:
+    type_ = spec.column_types[column]
+    alias = spec.aliases.get(column)
+    if alias is None:
+        return f"{column} {type_} NOT NULL"
+    # The same value as a field: computed on read, never stored twice.
+    return f"{column} {type_} GENERATED ALWAYS AS ({quote(alias)}) VIRTUAL"
 
 
 def index_name(table: str, columns: Iterable[str]) -> str:
@@ -75,11 +89,25 @@ def table_exists(conn: sqlite3.Connection | sqlite3.Cursor, table: str) -> bool:
 
 
 def _columns(cur: sqlite3.Cursor, table: str) -> tuple[dict[str, str], tuple[str, ...]]:
-    info = cur.execute(f"PRAGMA table_info({quote(table)})").fetchall()
-    # (cid, name, type, notnull, default, pk): pk is the 1-based position in the key, 0 if not in it.
-    columns = {row[1]: row[2].upper() for row in info}
+    info = cur.execute(f"PRAGMA table_xinfo({quote(table)})").fetchall()
+    # (cid, name, type, notnull, default, pk, hidden): pk is the 1-based position in the key, 0 if not in it;
+    # hidden is 2 for a VIRTUAL generated column.  The type of a generated column is its definition's.
+    sql = cur.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone()[0]
+    columns = {}
+    for row in info:
+        name, type_ = row[1], row[2].upper()
+        if row[6] == 2:
+            match = re.search(re.escape(name) + r" \w+ GENERATED ALWAYS AS \((\"[^\"]+\")\) VIRTUAL", sql)
+            type_ = f"{type_} = {match.group(1) if match else '?'}"
+        columns[name] = type_
     key = tuple(row[1] for row in sorted((r for r in info if r[5]), key=lambda r: r[5]))
     return columns, key
+
+
+def _wanted_columns(spec: ProjectorSpec) -> dict[str, str]:
+    aliases = spec.aliases
+    return {name: type_ + (f" = {quote(aliases[name])}" if name in aliases else "")
+            for name, type_ in spec.column_types.items()}
 
 
 def sync_schema(cur: sqlite3.Cursor, spec: ProjectorSpec) -> str:
@@ -96,16 +124,16 @@ def sync_schema(cur: sqlite3.Cursor, spec: ProjectorSpec) -> str:
         outcome = "created"
     else:
         columns, key = _columns(cur, spec.table)
-        wanted = spec.column_types
+        wanted = _wanted_columns(spec)
         kept = all(wanted.get(name) == type_ for name, type_ in columns.items())
         if not kept or key != spec.key_columns():
             cur.execute(f"DROP TABLE {quote(spec.table)}")
             cur.execute(create_table_sql(spec))
             outcome = "recreated"
         else:
-            for name, type_ in wanted.items():
-                if name not in columns:
-                    cur.execute(f"ALTER TABLE {quote(spec.table)} ADD COLUMN {quote(name)} {type_}")
+            for name in wanted:
+                if name not in columns:  # only fields can be new: reserved columns are always there
+                    cur.execute(f"ALTER TABLE {quote(spec.table)} ADD COLUMN {quote(name)} {spec.column_types[name]}")
                     outcome = "altered"
     _sync_indexes(cur, spec)
     return outcome

@@ -51,7 +51,7 @@ class TableCheck:
 def expected_rows(conn: sqlite3.Connection, spec: ProjectorSpec) -> dict[tuple, tuple]:
     """Primary key -> row of `spec`'s table as computed from the stored events (refused events left out)."""
     maker = RowMaker(spec)
-    positions = [spec.columns.index(c) for c in spec.key_columns()]
+    positions = [spec.stored_columns.index(c) for c in spec.key_columns()]
     expected: dict[tuple, tuple] = {}
     for (raw,) in conn.execute("SELECT raw FROM events WHERE kind = ? ORDER BY seq", (spec.kind,)):
         try:
@@ -66,8 +66,8 @@ def expected_rows(conn: sqlite3.Connection, spec: ProjectorSpec) -> dict[tuple, 
 def verify_plain(conn: sqlite3.Connection, spec: ProjectorSpec) -> TableCheck:
     """Compare `spec`'s table with `expected_rows` (module docstring)."""
     check = TableCheck(spec.table, spec.table)
-    positions = [spec.columns.index(c) for c in spec.key_columns()]
-    columns = ", ".join(quote(c) for c in spec.columns)
+    positions = [spec.stored_columns.index(c) for c in spec.key_columns()]
+    columns = ", ".join(quote(c) for c in spec.stored_columns)  # aliases are computed from these
     actual = {}
     for row in conn.execute(f"SELECT {columns} FROM {quote(spec.table)}"):
         actual[tuple(row[i] for i in positions)] = tuple(row)

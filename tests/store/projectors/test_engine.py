@@ -121,7 +121,7 @@ async def test_unchanged_projectors_are_not_rebuilt(tmp_path):
     db = tmp_path / "r.db"
     first = await fill(db)
     assert [name for name, _ in first.rebuilt] == ["profiles", "follows", "relay_lists", "articles"]
-    connect(db).execute("INSERT INTO follows VALUES ('x', 'x', 1, 'x', 'sentinel', NULL, NULL)")
+    connect(db).execute("INSERT INTO follows (_event_id, _created_at, pubkey, followed) VALUES ('x', 1, 'x', 'sentinel')")
     _, hook = await open_store(db)
     await _.close()
     assert hook.rebuilt == [] and hook.removed == []
@@ -133,8 +133,8 @@ async def test_revision_bump_rebuilds_only_that_projector(tmp_path):
     db = tmp_path / "r.db"
     await fill(db)
     conn = connect(db)
-    conn.execute("INSERT INTO follows VALUES ('x', 'x', 1, 'x', 'sentinel', NULL, NULL)")
-    conn.execute("INSERT INTO profiles (_event_id, _pubkey, _created_at, pubkey) VALUES ('x', 'x', 1, 'sentinel')")
+    conn.execute("INSERT INTO follows (_event_id, _created_at, pubkey, followed) VALUES ('x', 1, 'x', 'sentinel')")
+    conn.execute("INSERT INTO profiles (_event_id, _created_at, pubkey) VALUES ('x', 1, 'sentinel')")
     conn.close()
     specs = (dataclasses.replace(PROFILES, revision=2), FOLLOWS, RELAY_LISTS, ARTICLES)
     store, hook = await open_store(db, specs)
@@ -198,7 +198,8 @@ async def test_rebuild_in_small_batches_equals_live_projection(tmp_path):
     db = tmp_path / "r.db"
     await fill(db)
     before = rows(db, "SELECT * FROM profiles ORDER BY pubkey")
-    connect(db).execute("DELETE FROM meta WHERE key = 'projector:profiles'")
+    connect(db).execute("UPDATE meta SET value = replace(value, '\"current\"', '\"building\"')"
+                        " WHERE key = 'projector:profiles'")
     store = await Store.open(db, OPTIONS, [ProjectorHook(BUILTIN_PROJECTORS, rebuild_batch=1)])
     await store.close()
     assert rows(db, "SELECT * FROM profiles ORDER BY pubkey") == before
@@ -208,3 +209,20 @@ def test_hook_refuses_two_projectors_on_one_table():
     """Two specs writing one table are refused before anything opens."""
     with pytest.raises(ValueError, match="declared twice"):
         ProjectorHook((PROFILES, PROFILES))
+
+
+async def test_projector_never_takes_over_a_table_it_did_not_make(tmp_path):
+    """A spec naming an existing non-projector table stops the open; the table is untouched."""
+    from relay.store.projectors.engine import TableTaken
+
+    db = tmp_path / "r.db"
+    store, _ = await open_store(db, ())
+    await store.close()
+    connect(db).execute("CREATE TABLE mine (x TEXT)")
+    connect(db).execute("INSERT INTO mine VALUES ('keep')")
+    squatter = dataclasses.replace(PROFILES, table="mine")
+    conn = connect(db)
+    with pytest.raises(TableTaken, match="table 'mine' exists and is not a projector's"):
+        ProjectorHook((squatter,)).setup(conn)  # what Store.open runs first
+    conn.close()
+    assert rows(db, "SELECT x FROM mine") == [("keep",)]
