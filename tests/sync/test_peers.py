@@ -216,8 +216,7 @@ async def test_two_relay_processes_converge_and_stream(tmp_path, processes, alic
     await seed(a.config, notes(alice, 20, NOW - 2000))
     await seed(b.config, notes(bob, 25, NOW - 1900))
     processes.extend([a.start(), b.start()])
-    if not await speaks_nip77(a.url):
-        pytest.skip("relay-side NIP-77 (NEG-OPEN) has not landed in relay/server yet")
+    assert await speaks_nip77(a.url)
     first = set(stored(a.config)) | set(stored(b.config))
     assert len(first) == 45
     assert await eventually(lambda: _equal(served_ids(a.url), first))

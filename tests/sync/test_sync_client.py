@@ -150,8 +150,7 @@ async def test_ids_reported_twice_are_fetched_and_pushed_once(tmp_path, alice):
 
 async def test_sync_converges_with_our_relay(tmp_path, relay, alice, bob):
     """Against a second instance of our relay: both ways, several rounds, then nothing left to do."""
-    if not await speaks_nip77(relay.url):
-        pytest.skip("relay-side NIP-77 (NEG-OPEN) has not landed in relay/server yet")
+    assert await speaks_nip77(relay.url)
     remote_only, local_only, common = split_sets(alice, 300)
     replaceable_remote = bob.sign(kind=0, content="newer", created_at=NOW - 10)
     replaceable_local = bob.sign(kind=0, content="older", created_at=NOW - 20)
