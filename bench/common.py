@@ -6,6 +6,7 @@ Everything binds and connects to 127.0.0.1 only.
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import shutil
@@ -349,3 +350,15 @@ def percentile(sorted_vals: list[float], q: float) -> float:
 
 def eprint(*a) -> None:
     print(*a, file=sys.stderr, flush=True)
+
+
+RELAYS = ["ours", "nostr-relay", "localrelay"]
+
+
+def target_parser(doc: str | None) -> tuple[argparse.ArgumentParser, argparse._MutuallyExclusiveGroup]:
+    """An argument parser with the target every bench script takes: --url of a running relay, or --relay NAME."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    target = ap.add_mutually_exclusive_group(required=True)
+    target.add_argument("--url", help="a relay already running there")
+    target.add_argument("--relay", choices=RELAYS, help="start this relay (fresh store) and use it")
+    return ap, target

@@ -20,7 +20,6 @@ peak during the run, sampled every 0.25 s).
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import multiprocessing as mp
@@ -381,10 +380,7 @@ def fmt(r: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = ap.add_mutually_exclusive_group(required=True)
-    g.add_argument("--url")
-    g.add_argument("--relay", choices=["ours", "nostr-relay", "localrelay"])
+    ap, g = common.target_parser(__doc__)
     ap.add_argument("--relay-pid", type=int)
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--window", type=int, default=100)

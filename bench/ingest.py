@@ -17,7 +17,6 @@ stops it afterwards; with --url it measures whatever listens there.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import multiprocessing as mp
@@ -253,10 +252,7 @@ def fmt(r: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = ap.add_mutually_exclusive_group(required=True)
-    g.add_argument("--url")
-    g.add_argument("--relay", choices=["ours", "nostr-relay", "localrelay"])
+    ap, g = common.target_parser(__doc__)
     g.add_argument("--null", action="store_true", help="start bench/null_server.py and use it")
     ap.add_argument("--relay-pid", type=int, help="with --url: PID whose CPU to account")
     ap.add_argument("--conns", type=int, nargs="+", default=[1, 4])

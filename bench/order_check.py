@@ -11,7 +11,6 @@ connection (i.e. the relay committed a later message first).
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 import time
@@ -66,10 +65,7 @@ async def check(url: str, lines: list[bytes], window: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = ap.add_mutually_exclusive_group(required=True)
-    g.add_argument("--url")
-    g.add_argument("--relay", choices=["ours", "nostr-relay", "localrelay"])
+    ap, g = common.target_parser(__doc__)
     ap.add_argument("--n", type=int, default=5000)
     ap.add_argument("--window", type=int, default=1000)
     args = ap.parse_args()

@@ -20,7 +20,6 @@ collapsed, newest first, limit applied): "match" says whether ids agree.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import random
@@ -236,10 +235,7 @@ def fmt_row(r: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = ap.add_mutually_exclusive_group(required=True)
-    g.add_argument("--url", help="query an already loaded relay")
-    g.add_argument("--relay", choices=["ours", "nostr-relay", "localrelay"])
+    ap, g = common.target_parser(__doc__)
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--only", nargs="*")
