@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # The relay as a small image: `docker build -t relay .`, then
 #   docker run -d -p 7777:7777 -v relay-data:/data relay
 # Configuration: mount a TOML file and pass `serve --config FILE`, and/or set RELAY_<SECTION>__<KEY> variables.

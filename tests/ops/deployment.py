@@ -1,4 +1,4 @@
-"""The repository's deployment files read as data: the Dockerfile's final stage and docker-compose.yml.
+"""The repository's deployment files read as data: the Dockerfile's final stage, docker-compose.yml, node keys.
 
 Parsing uses the `dockerfile` package (Docker's own Go parser) and PyYAML
 (which resolves the compose file's `<<: *relay` merge keys).  The linters
@@ -16,6 +16,8 @@ from pathlib import Path
 
 import dockerfile
 import yaml
+
+from relay.sync.keys import NodeKey
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
@@ -73,6 +75,11 @@ def read_image(path: Path = DOCKERFILE) -> Image:
 def read_compose(path: Path = COMPOSE_FILE) -> dict:
     """docker-compose.yml as a dict, anchors and merge keys resolved."""
     return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def node_pubkey(key_file: Path) -> str:
+    """The pubkey of the node key in `key_file` (64 hex + newline)."""
+    return NodeKey(bytes.fromhex(key_file.read_text().strip())).pubkey
 
 
 def tool(name: str) -> str:

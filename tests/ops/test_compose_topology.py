@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from relay.config import load_config
-from relay.sync.keys import NodeKey
 from tests.helpers import Client, Keys
-from tests.ops.deployment import REPO, read_compose, read_image
+from tests.ops.deployment import REPO, node_pubkey, read_compose, read_image
 from tests.test_cli import Served, free_port
 
 PROPAGATION_TIMEOUT = 20.0  # seconds for an event published on one node to be served by the other
@@ -133,11 +132,6 @@ def reconciled_with(served: Served, peer_url: str, timeout: float = PROPAGATION_
     return False
 
 
-def node_pubkey(key_file: Path) -> str:
-    """The pubkey of the node key in `key_file` (64 hex + newline)."""
-    return NodeKey(bytes.fromhex(key_file.read_text().strip())).pubkey
-
-
 def test_example_nodes_name_each_other_as_peers(tmp_path):
     """Each node's config lists the other (service name, container port, and the pubkey of the other's
     compose secret) as its one peer, and reads its own key from its own secret."""
@@ -196,4 +190,5 @@ async def test_two_nodes_from_the_compose_file_sync_both_ways(tmp_path):
             assert [e["node_pubkey"] for e in started] == [node_pubkey(REPO / compose["secrets"][secret]["file"])]
             (other,) = set(services) - {name}
             assert reconciled_with(running[name], services[other].url), running[name].stderr[-3000:]
-            assert (tmp_path / f"{name}-data" / "relay.db").exists()
+            store = Path(running[name].env["RELAY_STORE__PATH"])  # the image's /data/relay.db, in this node's volume
+            assert store.exists() and store.parent == services[name].mounts["/data"]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import stat
 
 import pytest
 
 import relay.cli
 from relay.protocol.event import is_hex64
-from tests.ops.test_compose_topology import node_pubkey
+from tests.ops.deployment import node_pubkey
 from tests.test_cli import relay_cli
 
 
@@ -20,7 +21,7 @@ def key_command(monkeypatch, capsys):
     structlog's default prints its log lines to stdout, before the pubkey; the last line is the command's.
     """
     monkeypatch.setattr(relay.cli, "configure_logging", lambda *_args: None)
-    for name in [n for n in relay.cli.os.environ if n.startswith("RELAY_")]:
+    for name in [n for n in os.environ if n.startswith("RELAY_")]:
         monkeypatch.delenv(name)
 
     def run(*args) -> tuple[int, str, str]:
