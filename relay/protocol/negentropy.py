@@ -140,6 +140,8 @@ def encode_varint(n: int) -> bytes:
         return _ONE_BYTE[n]
     if n < 0:
         raise NegentropyError(f"cannot encode negative varint {n}")
+    if n < 0x4000:  # two digits: most timestamp deltas and bucket sizes
+        return bytes((0x80 | (n >> 7), n & 0x7F))
     out = [n & 0x7F]
     n >>= 7
     while n:

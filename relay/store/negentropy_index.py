@@ -653,23 +653,18 @@ class IndexReader:
 
     def lower_bounds(self, bounds: Sequence[Bound]) -> np.ndarray:
         """For each bound, the index of the first item >= it (size if none): int64, shape (m,)."""
-        result = np.empty(len(bounds), dtype=np.int64)
-        by_group: dict[int, list[int]] = {}
+        result = np.full(len(bounds), self.size, dtype=np.int64)
         query = np.fromiter((b.timestamp for b in bounds), dtype=np.uint64, count=len(bounds))
         groups = np.searchsorted(self._start_ts, query, side="right")  # last group starting at or before
         for k in np.flatnonzero(groups > 0).tolist():
             g = int(groups[k])
             if self._starts[g][0] == bounds[k].timestamp:  # ties on the start's timestamp: compare ids
                 groups[k] = self._group_of_key((bounds[k].timestamp, bounds[k].padded_id()))
-        for k, (g, bound) in enumerate(zip(groups.tolist(), bounds)):
-            if bound.timestamp >= INFINITY:
-                result[k] = self.size
-            else:
-                by_group.setdefault(g, []).append(k)
-        for g, positions in by_group.items():
+        finite = np.flatnonzero(query < np.uint64(INFINITY))
+        for g, positions in _by_group(groups[finite], finite):
             group = self._group(g)
             result[positions] = sorted_lower_bounds(group.timestamps, group.id_view,
-                                                    [bounds[k] for k in positions], self._counts[g])
+                                                    [bounds[k] for k in positions.tolist()], self._counts[g])
         return result
 
     def _split_indices(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -681,9 +676,8 @@ class IndexReader:
         indices = np.asarray(indices, dtype=np.int64)
         groups, offsets = self._split_indices(indices)
         local = np.zeros((len(indices), 8), dtype="<u4")
-        inside = np.flatnonzero(offsets > 0)
-        for g in np.unique(groups[inside]).tolist():
-            positions = inside[groups[inside] == g]
+        inside = np.flatnonzero(offsets > 0)  # offset 0: the group's own sum suffices, nothing to decode
+        for g, positions in _by_group(groups[inside], inside):
             local[positions] = self._group(g).prefix[offsets[positions]]
         return limbs_add(self._base[groups], local)
 
@@ -693,12 +687,21 @@ class IndexReader:
         groups, offsets = self._split_indices(indices)
         timestamps = np.empty(len(indices), dtype=np.uint64)
         ids = np.empty((len(indices), ID_SIZE), dtype=np.uint8)
-        for g in np.unique(groups).tolist():
-            positions = np.flatnonzero(groups == g)
+        for g, positions in _by_group(groups, np.arange(len(indices))):
             group = self._group(g)
             timestamps[positions] = group.timestamps[offsets[positions]]
             ids[positions] = group.ids[offsets[positions]]
         return timestamps, ids
+
+
+def _by_group(groups: np.ndarray, positions: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """(group, the positions whose group it is) for each group present; one sort, not one scan per group."""
+    order = np.argsort(groups, kind="stable")
+    groups, positions = groups[order], positions[order]
+    cuts = np.flatnonzero(groups[1:] != groups[:-1]) + 1
+    for start, end in zip([0, *cuts.tolist()], [*cuts.tolist(), len(groups)]):
+        if start < end:
+            yield int(groups[start]), positions[start:end]
 
 
 def window_segments(reader: IndexReader, since: int | None, until: int | None,
