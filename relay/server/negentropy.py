@@ -18,6 +18,11 @@ one of two places:
   of `max_session_items` held by all sessions together (past it, NEG-ERR
   "blocked: ...").  Later messages are answered from memory.
 
+A connection that may not read every private kind (NIP-42; see
+relay/server/access.py) is never served from the index when its filter can
+match one of them: its SortedVector is built by a query that leaves out the
+private events it may not see.
+
 Every message re-arms the session's idle timer; after `idle_timeout_seconds`
 without one the session ends with NEG-ERR "closed: ...".  Any NEG-ERR ends the
 session (NIP-77).  The connection's read loop awaits each NEG message before
@@ -44,6 +49,7 @@ from relay.protocol.envelopes import (
 )
 from relay.protocol.filters import Filter
 from relay.protocol.negentropy import Negentropy, NegentropyError, SortedVector
+from relay.server.access import ConnectionAccess
 from relay.store.negentropy_index import NegentropyIndex, query_vector, reconcile_from_index
 from relay.store.store import Store
 
@@ -68,9 +74,9 @@ class NegentropyService:
         self.items_held = 0
         self.internal_error = internal_error
 
-    def sessions_for(self, send: Send) -> ConnectionSessions:
-        """The sessions of one new connection; `send` writes one message to its socket."""
-        return ConnectionSessions(self, send)
+    def sessions_for(self, send: Send, access: ConnectionAccess) -> ConnectionSessions:
+        """The sessions of one new connection; `send` writes one message to its socket; `access` is its NIP-42 state."""
+        return ConnectionSessions(self, send, access)
 
     def reserve(self, wanted: int) -> int:
         """Take up to `wanted` items of the budget; returns how many were granted (maybe 0)."""
@@ -102,9 +108,10 @@ class _Refused(Exception):
 class ConnectionSessions:
     """The NIP-77 sessions of one connection: `handle` each NEG envelope, `close_all` at disconnect."""
 
-    def __init__(self, service: NegentropyService, send: Send) -> None:
+    def __init__(self, service: NegentropyService, send: Send, access: ConnectionAccess) -> None:
         self.service = service
         self._send = send
+        self._access = access
         self._sessions: dict[str, _Session] = {}
         self._closed = False
         self._tasks: set[asyncio.Task] = set()
@@ -158,8 +165,12 @@ class ConnectionSessions:
         if len(self._sessions) >= cap:
             await self.refuse(sub_id, f"blocked: too many negentropy sessions (max {cap})")
             return
-        index = self.service.index
-        session = _Session(sub_id, envelope.filter, None if index is None else index.filter_no(envelope.filter))
+        index, private = self.service.index, self._access.private
+        if index is None or (private is not None and private.touches(envelope.filter)):
+            filter_no = None  # the index holds every private event: a query leaves out the hidden ones
+        else:
+            filter_no = index.filter_no(envelope.filter)
+        session = _Session(sub_id, envelope.filter, filter_no)
         kept = False
         try:
             if session.filter_no is None:
@@ -197,7 +208,7 @@ class ConnectionSessions:
         session.held = granted = self.service.reserve(wanted)
         # One more row than granted tells "too many" apart from "exactly enough".
         fetch = granted if f.limit is not None and f.limit <= granted else granted + 1
-        vector = await self.service.store.read_snapshot(query_vector, f, fetch, int(time.time()))
+        vector = await self.service.store.read_snapshot(query_vector, f, fetch, int(time.time()), self._access.private)
         if vector.size() > granted:
             if granted < wanted:
                 raise _Refused("blocked: the relay holds too many negentropy items now, try again later")

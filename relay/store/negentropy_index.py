@@ -48,6 +48,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from relay.protocol.auth import PrivateKinds
 from relay.protocol.filters import Filter
 from relay.protocol.negentropy import (
     INFINITY,
@@ -682,16 +683,18 @@ def reconcile_from_index(conn: sqlite3.Connection, number: int, f: Filter, messa
     return Negentropy(view, frame_size_limit).reconcile(message)
 
 
-def query_vector(conn: sqlite3.Connection, f: Filter, limit: int, now: int) -> SortedVector:
+def query_vector(conn: sqlite3.Connection, f: Filter, limit: int, now: int,
+                 private: PrivateKinds | None = None) -> SortedVector:
     """A sealed SortedVector of the (created_at, id) of the live events matching `f`, at most `limit`.
 
     The newest first when cut: the events a REQ for `f` with that limit
-    returns (NIP-01 order).  `now` is unix seconds, for NIP-40 expiry.
+    returns (NIP-01 order).  `now` is unix seconds, for NIP-40 expiry;
+    `private` leaves out the private kinds' events the reader may not see.
     Reads only (created_at, id), `_INDEXED_ITEMS_FETCH` rows at a time.
     """
     vector = SortedVector()
     if not f.is_empty() and limit > 0:
-        compiled = compile_filter(f, limit, now)
+        compiled = compile_filter(f, limit, now, private)
         cursor = conn.execute(f"SELECT created_at, id FROM ({compiled.sql})", compiled.params)
         while rows := cursor.fetchmany(_INDEXED_ITEMS_FETCH):
             timestamps = np.fromiter((r[0] for r in rows), dtype=np.uint64, count=len(rows))
