@@ -5,7 +5,7 @@ own buckets (EVENT/AUTH, REQ/COUNT, NEG-OPEN) and the buckets of its client
 IP, shared by all connections from that IP; a message passes when both have
 a token.  An IP's buckets are kept while it has connections open and, after
 its last one closes, until they would have refilled anyway
-(`burst / rate` seconds), at most `MAX_IDLE_IPS` of them, so memory is bounded
+(`burst / rate` seconds), at most `max_idle_ips` of them, so memory is bounded
 by the open connections.  The client IP is the socket's peer address, or the
 `X-Forwarded-For` client when the peer is a trusted proxy; exempt IPs are not
 limited at all.
@@ -27,7 +27,7 @@ REFUSALS = ("rate-limited: too many events, slow down", "rate-limited: too many 
             "rate-limited: too many negentropy sessions, slow down")
 """The NIP-01 reply of each refused action."""
 MAX_IDLE_IPS = 100_000
-"""IPs without an open connection whose buckets are kept (the oldest are dropped first)."""
+"""Default: IPs without an open connection whose buckets are kept (the oldest are dropped first)."""
 _KEYS = ("events", "reqs", "neg_opens")
 
 
@@ -84,8 +84,9 @@ class ConnectionRate:
 class RateLimits:
     """`[rate_limits]` for the whole relay: resolves client IPs and hands out `ConnectionRate`s."""
 
-    def __init__(self, config: RateLimitConfig) -> None:
+    def __init__(self, config: RateLimitConfig, max_idle_ips: int = MAX_IDLE_IPS) -> None:
         self.config = config
+        self.max_idle_ips = max_idle_ips
         self._exempt = _networks(config.exempt)
         self._trusted = _networks(config.trusted_proxies)
         self._own = ((config.events_per_second, config.events_burst), (config.reqs_per_second, config.reqs_burst),
@@ -149,6 +150,6 @@ class RateLimits:
         idle = self._idle
         while idle:
             state = next(iter(idle.values()))
-            if len(idle) <= MAX_IDLE_IPS and now - state.idle_since < self._refill_seconds:
+            if len(idle) <= self.max_idle_ips and now - state.idle_since < self._refill_seconds:
                 break
             idle.popitem(last=False)
