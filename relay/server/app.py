@@ -22,6 +22,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from relay.config import Config
+from relay.protocol.auth import AUTH_KIND
 from relay.protocol.event import Event, is_ephemeral
 from relay.server import nip11
 from relay.server.access import AccessPolicy
@@ -118,6 +119,9 @@ class Relay:
         `origin` is the URL of the peer it came from ("" when published here).
         """
         if is_ephemeral(event.kind):
+            if event.kind == AUTH_KIND:  # NIP-42: never broadcast
+                done(False, f"invalid: kind {AUTH_KIND} is sent with AUTH, not EVENT (NIP-42)")
+                return
             self._fanout([event])
             done(True, "")
             return

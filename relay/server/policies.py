@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from relay.protocol.auth import AUTH_KIND
 from relay.protocol.event import Event
 from relay.protocol.rejection import invalid
 
@@ -13,13 +12,7 @@ def reject_expired(event: Event, now: float) -> None:
         raise invalid("event has expired")
 
 
-def reject_auth_event(event: Event, now: float) -> None:
-    """NIP-42: kind 22242 is sent with AUTH only; as an EVENT it would be broadcast, which NIP-42 forbids."""
-    if event.kind == AUTH_KIND:
-        raise invalid(f"kind {AUTH_KIND} is sent with AUTH, not EVENT (NIP-42)")
-
-
-CHECKS = (reject_expired, reject_auth_event)
+CHECKS = (reject_expired,)
 
 
 def check_event(event: Event, now: float) -> None:
