@@ -251,3 +251,19 @@ async def test_private_kinds_only_reach_their_author_or_recipient(start, alice, 
     assert await stranger.recv() == ["EVENT", "live", after]  # the DM never came before it
     for client in (writer, stranger, reader):
         await client.close()
+
+
+async def test_without_challenge_on_connect_the_first_auth_required_brings_it(start, alice):
+    """challenge_on_connect = false: nothing on connect; an auth-required: answer comes with the challenge."""
+    relay = await start(auth={"challenge_on_connect": False})
+    client = await Client.connect(relay.url)
+    await client.send(["COUNT", "n", {}])
+    assert orjson.loads(await asyncio.wait_for(client.ws.recv(), 5)) == ["COUNT", "n", {"count": 0}]
+    kind, message = await closed_or_events(client, "REQ", "dm", {"kinds": [4]})
+    assert kind == "CLOSED" and message.startswith("auth-required: ")
+    while not client.challenge:  # the challenge travels in the send queue, maybe after the CLOSED
+        await client.send(["COUNT", "n", {}])
+        await client.recv()
+    assert (await authenticate(client, alice, relay.url))[2] is True
+    assert await closed_or_events(client, "REQ", "dm", {"kinds": [4]}) == ("EVENTS", [])
+    await client.close()
