@@ -13,31 +13,13 @@ import time
 import urllib.request
 
 import orjson
-import pytest
 
 from relay.protocol.negentropy import Negentropy, SortedVector
 from relay.server.app import Relay
-from tests.conftest import make_config
 from tests.helpers import Client, Keys
+from tests.server.test_negentropy_server import start  # noqa: F401 (a fixture: start(name, **sections) -> Relay)
 
 NOW = int(time.time())
-
-
-@pytest.fixture
-async def start(tmp_path):
-    """Start relays with config sections overridden (`start(auth={...})`); all stopped after the test."""
-    started: list[Relay] = []
-
-    async def start_relay(name: str = "r", **sections) -> Relay:
-        (tmp_path / name).mkdir()
-        server = Relay(make_config(tmp_path / name, **sections))
-        await server.start()
-        started.append(server)
-        return server
-
-    yield start_relay
-    for server in started:
-        await server.stop()
 
 
 async def connect(relay: Relay) -> Client:
