@@ -111,7 +111,8 @@ class PeerConfig:
 
     `filter` is the NIP-01 filter as compact JSON (from a TOML table or a JSON
     string); `direction` is "down" (fetch), "up" (push) or "both"; `pubkey`
-    is the peer node's 64-hex key, informative for now ("" when unknown).
+    is the peer node's 64-hex key ("" when unknown): a connection that
+    authenticates with it (NIP-42) is this peer (see relay/server/access.py).
     """
 
     url: str
@@ -232,6 +233,76 @@ def _parse_negentropy_filters(value: Any) -> tuple[dict, ...]:
     return tuple(value)
 
 
+# --- [auth] and [rate_limits] (NIP-42 and access control: relay/server/access.py, relay/server/ratelimit.py) ---
+
+WRITE_MODES = ("all", "authenticated", "listed")
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """[auth]: NIP-42 authentication, who may write, which kinds, private kinds (seconds, kinds, 64-hex pubkeys)."""
+
+    relay_url: str = ""
+    challenge_on_connect: bool = True
+    max_age_seconds: int = 600
+    write: str = "all"
+    write_pubkeys: tuple[str, ...] = ()
+    allow_kinds: tuple[int, ...] = ()
+    deny_kinds: tuple[int, ...] = ()
+    private_kinds: tuple[int, ...] = (4, 1059)
+
+
+@dataclass(frozen=True)
+class RateLimitConfig:
+    """[rate_limits]: token buckets per connection and per client IP (messages per second, burst in messages).
+
+    A rate of 0 means no limit.  `exempt` and `trusted_proxies` hold IP
+    addresses or networks ("10.0.0.0/8").
+    """
+
+    enabled: bool = True
+    events_per_second: float = 10.0
+    events_burst: int = 100
+    reqs_per_second: float = 10.0
+    reqs_burst: int = 50
+    neg_opens_per_second: float = 1.0
+    neg_opens_burst: int = 10
+    ip_events_per_second: float = 50.0
+    ip_events_burst: int = 500
+    ip_reqs_per_second: float = 50.0
+    ip_reqs_burst: int = 250
+    ip_neg_opens_per_second: float = 5.0
+    ip_neg_opens_burst: int = 20
+    exempt: tuple[str, ...] = ()
+    trusted_proxies: tuple[str, ...] = ()
+
+
+def _parse_list(name: str, value: Any, item: str) -> tuple:
+    """A TOML array of `item`s ("pubkey", "kind" or "network") as a tuple; raises ConfigError naming `name`."""
+    import ipaddress
+
+    from relay.protocol.event import MAX_KIND, is_hex64
+
+    if type(value) not in (list, tuple):
+        raise ConfigError(f"{name}: must be an array")
+    for v in value:
+        if item == "pubkey" and not is_hex64(v):
+            raise ConfigError(f"{name}: must hold 64 lowercase hex characters, got {v!r}")
+        if item == "kind" and (type(v) is not int or not 0 <= v <= MAX_KIND):
+            raise ConfigError(f"{name}: must hold kinds from 0 to {MAX_KIND}, got {v!r}")
+        if item == "network":
+            try:
+                ipaddress.ip_network(v, strict=False)
+            except (TypeError, ValueError):
+                raise ConfigError(f"{name}: must hold IP addresses or networks, got {v!r}") from None
+    return tuple(value)
+
+
+_LISTS = {("auth", "write_pubkeys"): "pubkey", ("auth", "allow_kinds"): "kind", ("auth", "deny_kinds"): "kind",
+          ("auth", "private_kinds"): "kind", ("rate_limits", "exempt"): "network",
+          ("rate_limits", "trusted_proxies"): "network"}
+
+
 @dataclass(frozen=True)
 class Config:
     """The whole configuration, one attribute per TOML section."""
@@ -243,6 +314,8 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     negentropy: NegentropyConfig = field(default_factory=NegentropyConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    rate_limits: RateLimitConfig = field(default_factory=RateLimitConfig)
     # [[projectors]]: an array of tables, not a section; absent from the file means the built-in ones.
     projectors: tuple[ProjectorSpec, ...] = field(default_factory=builtin_projectors)
 
@@ -251,6 +324,7 @@ _CHOICES = {
     ("store", "synchronous"): ("off", "normal", "full", "extra"),
     ("log", "level"): ("debug", "info", "warning", "error"),
     ("log", "format"): ("auto", "json", "console"),
+    ("auth", "write"): WRITE_MODES,
 }
 _MINIMUM_SYNC = {"frame_size_limit": 4096, "fetch_batch": 1, "fetch_in_flight": 1, "push_in_flight": 1,
                  "live_queue": 1, "interval_seconds": 0.1, "timeout_seconds": 0.1,
@@ -263,6 +337,8 @@ _MINIMUM.update({("sync", key): low for key, low in _MINIMUM_SYNC.items()})
 _MINIMUM.update({("negentropy", "frame_size_limit"): 4096,  # the engine's MIN_FRAME_SIZE_LIMIT
                  ("negentropy", "max_sessions_per_connection"): 1, ("negentropy", "idle_timeout_seconds"): 0.1,
                  ("negentropy", "cache_items"): 0})
+_MINIMUM.update({("rate_limits", f"{scope}{what}_burst"): 1  # a token bucket holds at least one token
+                 for scope in ("", "ip_") for what in ("events", "reqs", "neg_opens")})
 
 
 def _section_types(section: str) -> dict[str, type]:
@@ -275,6 +351,8 @@ def _check_value(section: str, key: str, value: Any) -> Any:
         return _parse_peers(value)
     if (section, key) == ("negentropy", "filters"):
         return _parse_negentropy_filters(value)
+    if (section, key) in _LISTS:
+        return _parse_list(f"{section}.{key}", value, _LISTS[section, key])
     expected = _section_types(section)[key]
     name = f"{section}.{key}"
     if expected is float and type(value) is int:
@@ -397,5 +475,7 @@ def _check_consistency(config: Config) -> None:
         # NIP-77 frames travel as hex: a NEG-MSG of a full frame is twice its size plus the envelope.
         raise ConfigError(f"limits.max_message_bytes: must be at least 2 * negentropy.frame_size_limit"
                           f" + {NEG_ENVELOPE_BYTES} = {2 * neg.frame_size_limit + NEG_ENVELOPE_BYTES}")
+    if config.auth.relay_url and not config.auth.relay_url.startswith(("ws://", "wss://")):
+        raise ConfigError(f"auth.relay_url: must be a ws:// or wss:// URL, got {config.auth.relay_url!r}")
     if neg.max_session_items < neg.max_sync_events:
         raise ConfigError("negentropy.max_session_items: must be at least negentropy.max_sync_events")

@@ -23,6 +23,7 @@ from pathlib import Path
 import aiosqlite
 import structlog
 
+from relay.protocol.auth import PrivateKinds
 from relay.protocol.event import Event
 from relay.protocol.filters import Filter
 from relay.store import db
@@ -222,15 +223,17 @@ class Store:
 
         return await self._read(in_transaction, *args)
 
-    async def query(self, filters: list[Filter], default_limit: int, max_limit: int) -> list[bytes]:
+    async def query(self, filters: list[Filter], default_limit: int, max_limit: int,
+                    private: PrivateKinds | None = None) -> list[bytes]:
         """Raw JSON of the live events matching any filter, newest first (ties: lowest id).
 
         Each filter keeps its own `limit` (`default_limit` when absent,
         clamped to `max_limit`); `limit: 0` and empty filters select nothing.
+        `private` hides what the reader may not see of the private kinds (NIP-42).
         """
         now = int(time.time())
         compiled = [
-            compile_filter(f, min(max_limit, default_limit if f.limit is None else f.limit), now)
+            compile_filter(f, min(max_limit, default_limit if f.limit is None else f.limit), now, private)
             for f in filters
             if not f.is_empty() and f.limit != 0
         ]
@@ -238,10 +241,10 @@ class Store:
             return []
         return await self._read(run_query, compiled)
 
-    async def count(self, filters: list[Filter]) -> int:
-        """NIP-45: how many distinct live events match any of `filters`."""
+    async def count(self, filters: list[Filter], private: PrivateKinds | None = None) -> int:
+        """NIP-45: how many distinct live events match any of `filters` (and are visible, given `private`)."""
         now = int(time.time())
-        compiled = [compile_count(f, now) for f in filters if not f.is_empty()]
+        compiled = [compile_count(f, now, private) for f in filters if not f.is_empty()]
         if not compiled:
             return 0
         return await self._read(run_count, compiled)
