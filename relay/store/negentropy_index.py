@@ -849,6 +849,8 @@ class IndexView:
         indices = np.asarray(indices, dtype=np.int64)
         if not self._segments:
             return np.zeros((len(indices), 8), dtype="<u4")
+        if len(self._segments) == 1 and self._segments[0][0] == 0:  # the common case: view = reader from 0
+            return self._reader.prefix_sums(indices)
         segment, at = self._globals(indices)
         # the segments before, whole, plus this one from its start
         return limbs_add(self._before[segment], limbs_sub(self._reader.prefix_sums(at), self._start_sums[segment]))
