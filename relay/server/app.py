@@ -59,7 +59,7 @@ class Relay:
         s = self.config.store
         from relay.hooks import hooks  # transaction hooks: projectors, ...
 
-        self.store = await Store.open(s.path, s.options(), hooks(self.config))
+        self.store = await Store.open(s.path, s.options(relay_url=self.config.retention.relay_url), hooks(self.config))
         self.store.add_listener(self._on_commit)
         self.negentropy = NegentropyService(self.config.negentropy, self.store, self.internal_error)
         try:
@@ -75,6 +75,10 @@ class Relay:
             self.verifier.close()
             raise
         self._background = [asyncio.create_task(self._purge_expired_forever(), name="expiry-purge")]
+        from relay.retention import is_configured, retention_forever  # [retention] rules and max_events
+
+        if is_configured(self.config):
+            self._background.append(asyncio.create_task(retention_forever(self.store, self.config), name="retention"))
         log.info("relay_started", url=self.url, db=str(s.path))
         from relay.sync.scheduler import start_sync  # peer sync: node key, [[sync.peers]] (relay/sync/)
 
