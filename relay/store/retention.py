@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from relay.protocol.filters import Filter
 from relay.store.batch import Row
 from relay.store.projectors.rows import stored_event
+from relay.store.projectors.tables import transaction
 from relay.store.writes import Changes, TransactionHook, _delete_stored, _ids_in, _run_hooks
 
 START: tuple[int, bytes] = (-1, b"")
@@ -102,9 +103,7 @@ def evict_step(conn: sqlite3.Connection, hooks: Sequence[TransactionHook], scan:
     `Store.run_job` form: returns (the removals, the `Step`).  Reading stops at the row that spends the
     budget, so the cursor never passes an event left in place for want of budget.
     """
-    cur = conn.cursor()
-    cur.execute("BEGIN IMMEDIATE")
-    try:
+    with transaction(conn) as cur:
         rows = [Row(*r) for r in cur.execute(*_select(scan, batch))]
         evicted: list[Row] = []
         read = 0
@@ -119,10 +118,6 @@ def evict_step(conn: sqlite3.Connection, hooks: Sequence[TransactionHook], scan:
                         [(r.id, r.created_at, now) for r in evicted])
         changes = Changes([], evicted)
         _run_hooks(cur, hooks, changes)
-        cur.execute("COMMIT")
-    except BaseException:
-        conn.rollback()
-        raise
     cursor = (rows[read - 1].created_at, rows[read - 1].id) if read else scan.cursor
     return changes, Step(read, len(evicted), cursor, done=len(rows) < batch and read == len(rows))
 

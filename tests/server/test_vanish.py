@@ -7,37 +7,18 @@ import json
 import sqlite3
 import time
 import urllib.request
-from contextlib import asynccontextmanager
 
-from relay.server.app import Relay
-from tests.conftest import make_config
-from tests.helpers import Client, Keys
-from tests.store.consistency import assert_consistent
+from tests.helpers import Keys
+from tests.store import retention_common
+from tests.store.retention_common import assert_consistent, publish_all, stored_ids
 
 NOW = int(time.time())
 URL = "wss://relay.example.com"
 
 
-@asynccontextmanager
-async def running(tmp_path, relay_url: str = URL):
-    relay = Relay(make_config(tmp_path, retention={"relay_url": relay_url}))
-    await relay.start()
-    client = await Client.connect(relay.url)
-    try:
-        yield relay, client
-    finally:
-        await client.close()
-        await relay.stop()
-
-
-async def publish_all(client: Client, events: list[dict]) -> None:
-    for event in events:
-        reply = await client.publish(event)
-        assert reply[2] is True, reply
-
-
-async def stored_ids(client: Client) -> set[str]:
-    return {e["id"] for e in await client.req("all", {"limit": 5000})}
+def running(tmp_path, relay_url: str = URL):
+    """(relay, client) with `[retention] relay_url`."""
+    return retention_common.running(tmp_path, retention={"relay_url": relay_url})
 
 
 def history(alice: Keys, bob: Keys, carol: Keys, at: int) -> tuple[list[dict], list[dict]]:

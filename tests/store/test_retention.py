@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from contextlib import asynccontextmanager
 from dataclasses import replace
 
 import pytest
@@ -14,43 +13,18 @@ import pytest
 from relay.config import ConfigError, load_config
 from relay.protocol.event import parse_event
 from relay.retention import run_retention
-from relay.server.app import Relay
 from relay.store.projectors.spec import spec_hash
 from relay.sync.session import SETTLED, classify
 from tests.conftest import make_config
-from tests.helpers import Client, Keys
-from tests.store.consistency import assert_consistent
+from tests.helpers import Keys
+from tests.store.retention_common import assert_consistent, publish_all, running, stored_ids
 
 NOW = int(time.time())
 DAY = 86_400
 
 
-@asynccontextmanager
-async def running(tmp_path, protected: tuple[str, ...] = (), **sections):
-    """A started relay on `tmp_path` with `sections`; projectors named in `protected` are marked protected."""
-    config = make_config(tmp_path, **sections)
-    config = replace(config, projectors=tuple(replace(s, protected=s.table in protected) for s in config.projectors))
-    relay = Relay(config)
-    await relay.start()
-    client = await Client.connect(relay.url)
-    try:
-        yield relay, client
-    finally:
-        await client.close()
-        await relay.stop()
-
-
-async def publish_all(client: Client, events: list[dict]) -> None:
-    for event in events:
-        reply = await client.publish(event)
-        assert reply[2] is True, reply
-
-
-async def stored_ids(client: Client) -> set[str]:
-    return {e["id"] for e in await client.req("all", {"limit": 5000})}
-
-
-def evictions(relay: Relay) -> set[str]:
+def evictions(relay) -> set[str]:
+    """Hex ids in the `evictions` table of `relay`."""
     conn = sqlite3.connect(relay.config.store.path)
     try:
         return {r[0].hex() for r in conn.execute("SELECT id FROM evictions")}
