@@ -218,16 +218,16 @@ NEG_ENVELOPE_BYTES = 512
 """Room for `["NEG-MSG","<subscription id, JSON-escaped>",""]` around a hex frame, in bytes."""
 
 
-def _parse_negentropy_filters(value: Any, key: str = "filters") -> tuple[dict, ...]:
+def _parse_negentropy_filters(value: Any, setting: str = "filters") -> tuple[dict, ...]:
     """`[negentropy] filters` or `protected_filters` (arrays of filter tables) checked with parse_filter;
     raises ConfigError."""
     from relay.protocol.filters import parse_filter
     from relay.protocol.rejection import Rejection
 
     if type(value) is not list:
-        raise ConfigError(f"negentropy.{key}: must be an array of filter tables")
+        raise ConfigError(f"negentropy.{setting}: must be an array of filter tables")
     for i, table in enumerate(value):
-        name = f"negentropy.{key}[{i}]"
+        name = f"negentropy.{setting}[{i}]"
         if type(table) is not dict:
             raise ConfigError(f"{name}: must be a table (a NIP-01 filter)")
         for key in ("since", "until", "limit"):

@@ -144,3 +144,9 @@ def test_bad_retention_rules_are_refused_with_the_key(tmp_path, rules, says):
     """A bad [[retention.rules]] table stops the start, naming the key."""
     with pytest.raises(ConfigError, match=says.replace("[", r"\[").replace("]", r"\]")):
         make_config(tmp_path, retention={"rules": rules})
+
+
+def test_bad_protected_filter_is_refused_with_the_key(tmp_path):
+    """`[negentropy] protected_filters` is checked like `filters`, and the error names it."""
+    with pytest.raises(ConfigError, match=r"negentropy\.protected_filters\[1\]\.since"):
+        make_config(tmp_path, negentropy={"protected_filters": [{"kinds": [1]}, {"since": 5}]})
