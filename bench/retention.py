@@ -96,7 +96,7 @@ async def main(n: int, batch: int, writes: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=100_000, help="events stored before the run")
-    parser.add_argument("--batch", type=int, default=500, help="[retention] batch_size")
+    parser.add_argument("--batch", type=int, default=100, help="[retention] batch_size")
     parser.add_argument("--writes", type=int, default=2_000, help="submits measured with no run going on")
     args = parser.parse_args()
     asyncio.run(main(args.n, args.batch, args.writes))

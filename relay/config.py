@@ -258,7 +258,7 @@ class RetentionConfig:
     """[retention]: removing old events (days, seconds, counts), and this relay's URL for NIP-62."""
 
     interval_seconds: float = 3600.0
-    batch_size: int = 500
+    batch_size: int = 100
     max_events: int = 0
     relay_url: str = ""
     rules: tuple[RetentionRule, ...] = ()
