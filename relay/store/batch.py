@@ -3,9 +3,11 @@
 How this works: `writes.apply_batch` reads, in a few set queries, everything
 the batch can touch (which of its ids exist, their tombstones, and for every
 coordinate it names: the high-water mark, the address tombstone and the live
-version).  `BatchPlan.settle` then walks the events in arrival order, with
-NIP-01 supersession and NIP-09 deletion decided in Python against that state
-(updated as it goes), and collects what to write: rows to insert, rows to
+version, and the NIP-62 and retention records of its authors and ids).
+`BatchPlan.settle` then walks the events in arrival order, with NIP-01
+supersession, NIP-09 deletion and NIP-62 requests to vanish decided in
+Python against that state (updated as it goes), and collects what to
+write: rows to insert, rows to
 remove, coordinates, tombstones.  The SQL that follows is a handful of
 `executemany` calls, so the writer releases and retakes the GIL a few times
 per batch instead of several times per event.

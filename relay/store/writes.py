@@ -1,4 +1,4 @@
-"""The write transaction: insert, NIP-01 supersession, NIP-09 deletion, NIP-40 purge.
+"""The write transaction: insert, NIP-01 supersession, NIP-09 deletion, NIP-62 vanish, NIP-40 purge.
 
 `apply_batch` runs on the writer connection's thread and applies a whole batch
 of validated events in ONE transaction: read what the batch can touch, settle
@@ -11,6 +11,9 @@ accepted, whatever their order:
 - an address tombstone refuses versions of a coordinate up to its `until`;
 - a coordinate's high-water mark (newest `created_at`, lowest id on ties)
   survives deletion, so an older version never comes back.
+- a `vanished` record (NIP-62) refuses its author's events, and gift wraps
+  p-tagging it, up to its `until`;
+- an `evictions` record (retention) refuses the event when a peer sends it.
 """
 
 from __future__ import annotations
