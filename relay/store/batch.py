@@ -7,8 +7,8 @@ version, and the NIP-62 and retention records of its authors and ids).
 `BatchPlan.settle` then walks the events in arrival order, with NIP-01
 supersession, NIP-09 deletion and NIP-62 requests to vanish decided in
 Python against that state (updated as it goes), and collects what to
-write: rows to insert, rows to
-remove, coordinates, tombstones.  The SQL that follows is a handful of
+write: rows to insert, rows to remove, coordinates, tombstones, requests to
+vanish.  The SQL that follows is a handful of
 `executemany` calls, so the writer releases and retakes the GIL a few times
 per batch instead of several times per event.
 """
