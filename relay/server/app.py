@@ -64,7 +64,7 @@ class Relay:
         s = self.config.store
         from relay.hooks import hooks  # transaction hooks: projectors, ...
 
-        self.store = await Store.open(s.path, s.options(), hooks(self.config))
+        self.store = await Store.open(s.path, s.options(relay_url=self.config.server.public_url), hooks(self.config))
         self.store.add_listener(self._on_commit)
         self.negentropy = NegentropyService(self.config.negentropy, self.store, self.internal_error)
         try:
@@ -80,6 +80,10 @@ class Relay:
             self.verifier.close()
             raise
         self._background = [asyncio.create_task(self._purge_expired_forever(), name="expiry-purge")]
+        from relay.retention import is_configured, retention_forever  # [retention] rules and max_events
+
+        if is_configured(self.config):
+            self._background.append(asyncio.create_task(retention_forever(self.store, self.config), name="retention"))
         log.info("relay_started", url=self.url, db=str(s.path))
         from relay.sync.scheduler import start_sync  # peer sync: node key, [[sync.peers]] (relay/sync/)
 
@@ -160,7 +164,7 @@ class Relay:
         structlog.contextvars.bind_contextvars(conn_id=conn_id, remote=remote)
         log.info("connection_opened")
         # NIP-42 relay tag: the configured public URL, else the one this client connected to.
-        relay_url = self.config.auth.relay_url or f"ws://{headers.get('Host', '')}{ws.request.path}"
+        relay_url = self.config.server.public_url or f"ws://{headers.get('Host', '')}{ws.request.path}"
         try:
             await Connection(ws, self, remote, relay_url).run()
         finally:

@@ -8,7 +8,7 @@ import orjson
 
 from relay.config import Config
 
-SUPPORTED_NIPS = [1, 9, 11, 40, 42, 45]
+SUPPORTED_NIPS = [1, 9, 11, 40, 42, 45, 62]
 
 
 def _version() -> str:

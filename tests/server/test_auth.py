@@ -123,8 +123,8 @@ async def test_auth_accepted_and_each_bad_auth_refused_with_invalid(start, alice
 
 
 async def test_configured_relay_url_is_the_one_the_relay_tag_must_name(start, alice):
-    """With `auth.relay_url`, the tag must name that URL (any trailing slash), not the address connected to."""
-    relay = await start(auth={"relay_url": "wss://Relay.Example.com"})
+    """With `server.public_url`, the tag must name that URL (any trailing slash), not the address connected to."""
+    relay = await start(server={"public_url": "wss://Relay.Example.com"})
     client = await connect(relay)
     assert (await authenticate(client, alice, relay.url))[2] is False
     assert (await authenticate(client, alice, "wss://relay.example.com:443/"))[2] is True
