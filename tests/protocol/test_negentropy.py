@@ -47,6 +47,7 @@ from relay.protocol.negentropy import (
     decode_varint,
     encode_message,
     encode_varint,
+    encode_varints,
     fingerprint,
     limbs_add,
     limbs_sub,
@@ -887,3 +888,12 @@ def test_limb_arithmetic_is_mod_2_256(pairs):
     a, b = limbs([x for x, _ in pairs]), limbs([y for _, y in pairs])
     assert ints(limbs_add(a, b)) == [(x + y) % 2**256 for x, y in pairs]
     assert ints(limbs_sub(a, b)) == [(x - y) % 2**256 for x, y in pairs]
+
+
+@settings(max_examples=100, deadline=None)
+@given(values=st.lists(st.one_of(st.integers(0, 2**64 - 1), st.sampled_from([0, 127, 128, 16383, 16384, 2**63])),
+                       min_size=1, max_size=30))
+def test_bulk_varints_equal_one_at_a_time(values):
+    """encode_varints' masked rows are exactly encode_varint's bytes, for every width up to 10 digits."""
+    cells, used = encode_varints(np.array(values, dtype=np.uint64))
+    assert [cells[k][used[k]].tobytes() for k in range(len(values))] == [encode_varint(v) for v in values]
