@@ -22,6 +22,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from relay.config import Config
+from relay.metrics import CONTENT_TYPE, Metrics
 from relay.protocol.event import Event, is_ephemeral
 from relay.server import nip11
 from relay.server.connection import Connection
@@ -53,6 +54,8 @@ class Relay:
         self._background: list[asyncio.Task] = []
         self.sync = None  # relay.sync.scheduler.Scheduler while [[sync.peers]] are configured
         self.negentropy: NegentropyService | None = None  # NIP-77 responder, from start()
+        self.connections: set[Connection] = set()  # open ones, for shutdown and metrics
+        self.metrics = Metrics(self)  # served at /metrics (relay/metrics.py)
 
     async def start(self) -> None:
         """Open the store and start listening on `config.server` (port 0: any free port)."""
@@ -61,6 +64,7 @@ class Relay:
 
         self.store = await Store.open(s.path, s.options(), hooks(self.config))
         self.store.add_listener(self._on_commit)
+        self.store.on_batch = self.metrics.writer_batch
         self.negentropy = NegentropyService(self.config.negentropy, self.store, self.internal_error)
         try:
             self.server = await serve(
@@ -92,17 +96,32 @@ class Relay:
         return f"ws://{self.config.server.host}:{self.port}"
 
     async def stop(self) -> None:
-        """Stop accepting, close sockets with 1001, drain the writer, close the store."""
+        """Graceful shutdown within `server.shutdown_timeout_seconds`, then close the store.
+
+        Stop accepting; each connection stops reading, waits until every EVENT
+        it took has been committed and its OK written, and closes with 1001;
+        connections still open at the deadline are closed with 1001 as they are.
+        The store then commits whatever is still queued (peer sync, stragglers).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.server.shutdown_timeout_seconds
         for task in self._background:
             task.cancel()
         if self.sync is not None:  # peer sync first: it releases its leases and stops writing
             await self.sync.stop()
         if self.server is not None:
-            self.server.close(close_connections=True)
+            self.server.server.close()  # the listening sockets only: open connections drain first
+            drains = [asyncio.create_task(c.drain()) for c in list(self.connections)]
+            if drains:
+                await asyncio.wait(drains, timeout=max(0.0, deadline - loop.time()))
+            self.server.close(close_connections=True)  # 1001 to whoever is left
             try:
-                await asyncio.wait_for(self.server.wait_closed(), self.config.server.shutdown_timeout_seconds)
+                await asyncio.wait_for(self.server.wait_closed(), max(0.0, deadline - loop.time()))
             except TimeoutError:
-                log.warning("shutdown_timeout", waited_seconds=self.config.server.shutdown_timeout_seconds)
+                log.warning("shutdown_timeout", waited_seconds=self.config.server.shutdown_timeout_seconds,
+                            open_connections=len(self.connections))
+            for task in drains:
+                task.cancel()
         if self.store is not None:
             await self.store.close()
         self.verifier.close()
@@ -111,12 +130,14 @@ class Relay:
     def accept(self, event: Event, done: Callable[[bool, str], None]) -> None:
         """Store a validated event (ephemeral kinds only go live); `done(accepted, message)` gets the OK."""
         if is_ephemeral(event.kind):
+            self.metrics.events_ephemeral.inc()
             self._fanout([event])
             done(True, "")
             return
         self.store.enqueue(event, "", done)
 
     def _on_commit(self, changes: Changes) -> None:
+        self.metrics.events_stored.inc(len(changes.inserted))
         self._fanout(changes.inserted)
 
     def _fanout(self, events: list[Event]) -> None:
@@ -139,14 +160,19 @@ class Relay:
         remote = ws.remote_address[0] if ws.remote_address else ""
         structlog.contextvars.bind_contextvars(conn_id=conn_id, remote=remote)
         log.info("connection_opened")
+        connection = Connection(ws, self)
+        self.connections.add(connection)
         try:
-            await Connection(ws, self).run()
+            await connection.run()
         finally:
+            self.connections.discard(connection)
             log.info("connection_closed", code=ws.close_code)
 
-    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+    async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         if request.path == "/health":
             return _response(HTTPStatus.OK, b"ok\n", "text/plain")
+        if request.path == "/metrics":
+            return _response(HTTPStatus.OK, await self.metrics.render(), CONTENT_TYPE)
         if "application/nostr+json" in request.headers.get("Accept", ""):
             return _response(HTTPStatus.OK, nip11.document(self.config), "application/nostr+json")
         return None

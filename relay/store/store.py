@@ -71,6 +71,8 @@ class Store:
         self._checkpoint_conn: aiosqlite.Connection | None = None
         self._checkpoint_task: asyncio.Task | None = None
         self._listeners: list[Callable[[Changes], None]] = []
+        # Told (events, seconds) of every write transaction: the relay's metrics (relay/metrics.py).
+        self.on_batch: Callable[[int, float], None] = lambda events, seconds: None
         self._failure: BaseException | None = None
 
     @classmethod
@@ -177,7 +179,9 @@ class Store:
         writes = [(w, done) for w, done in batch if w is not None]
         purges = [done for w, done in batch if w is None]
         if writes:
+            started = time.perf_counter()
             outcomes, changes = await db.run(self._writer_conn, apply_batch, [w for w, _ in writes], self.hooks)
+            self.on_batch(len(writes), time.perf_counter() - started)
             # call_soon: a failing callback is logged by the loop and never stops the writer.
             for (_, done), outcome in zip(writes, outcomes):
                 self._loop.call_soon(done, *outcome)

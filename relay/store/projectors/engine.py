@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from operator import itemgetter
 
@@ -189,6 +190,7 @@ class ProjectorHook:
         self._causal_kinds = {c.spec.kind for c in self.causal}
         self.rebuilt: list[tuple[str, str]] = []
         self.removed: list[str] = []
+        self.refused: Counter[str] = Counter()  # projector name -> events refused since start (metrics)
 
     # ---------------------------------------------------------------- start-up
 
@@ -245,6 +247,7 @@ class ProjectorHook:
                 for log_id, author in sorted(touched):
                     engine.settle(conn, log_id, author, refusals, reset=(log_id, author) in reset)
         record_refusals(cur, refusals, int(self.clock()), self.max_refusals)
+        self.refused.update(name for name, _, _ in refusals)
 
 
 # -------------------------------------------------------------------- rebuild
