@@ -1,4 +1,4 @@
-"""The `relay` command line: serve, import, export, sync, status.
+"""The `relay` command line: serve, import, export, sync, status, backup.
 
 Every subcommand takes `--config PATH` and `--db PATH`; flags override
 `RELAY_<SECTION>__<KEY>` environment variables, which override the file.
@@ -40,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     sync.add_argument("--frame-size", type=int, help="bytes per negentropy message (default: sync.frame_size_limit)")
     status = commands.add_parser("status", parents=[common], help="database size, events by kind, sync peers")
     status.add_argument("--json", action="store_true", help="print JSON for scripts")
+    backup = commands.add_parser("backup", parents=[common], help="write a consistent copy of the database "
+                                 "(while the relay serves)")
+    backup.add_argument("path", type=Path, help="the copy's file name; must not exist")
     _projector_parsers(commands, common)
     return parser
 
@@ -99,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         from relay.status import run_status
 
         return run_status(config, args.json)
+    if args.command == "backup":
+        from relay.backup import run_backup
+
+        return run_backup(config, args.path)
     if args.command in ("verify", "projectors", "query"):
         return _run_projector_command(config, args)
     from relay.commands import run_export
