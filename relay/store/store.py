@@ -14,6 +14,7 @@ wait on the writer).
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -26,6 +27,7 @@ import structlog
 from relay.protocol.event import Event
 from relay.protocol.filters import Filter
 from relay.store import db
+from relay.store.checkpoint import checkpoint
 from relay.store.queries import compile_count, compile_filter, run_count, run_query
 from relay.store.writes import Changes, TransactionHook, Write, apply_batch, purge_expired
 
@@ -42,6 +44,8 @@ class StoreOptions:
     max_batch: int = 1024
     purge_batch: int = 1000
     checkpoint_interval_seconds: float = 1.0
+    checkpoint_mode: str = "passive"  # relay/store/checkpoint.py: the policy
+    checkpoint_truncate_wal_bytes: int = 67_108_864
 
 
 class StoreFailed(RuntimeError):
@@ -100,12 +104,14 @@ class Store:
 
     async def _checkpoint_loop(self) -> None:
         # WAL checkpoints write pages back and fsync; done here, on a connection
-        # of their own, the writer never waits for them (PASSIVE takes no lock).
+        # of their own, the writer never waits for them (see checkpoint.py).
+        o = self.options
         while True:
-            await asyncio.sleep(self.options.checkpoint_interval_seconds)
+            await asyncio.sleep(o.checkpoint_interval_seconds)
             try:
-                await self._checkpoint_conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-            except aiosqlite.Error as exc:
+                await db.run(self._checkpoint_conn, checkpoint, self.path, o.checkpoint_mode,
+                             o.checkpoint_truncate_wal_bytes)
+            except sqlite3.Error as exc:
                 log.warning("checkpoint_failed", error=repr(exc))
 
     @property
