@@ -5,7 +5,7 @@ How this works: every `Relay` owns a `Metrics` with its own
 counters and histograms are bound once (labelled children included), so a
 call site costs one `inc()` or `observe()`.  Values the relay already holds
 (open connections, subscriptions, NIP-77 sessions, slow readers, projector
-refusals, per-peer sync state from the `sync_peers` table) are read only when
+refusals, file sizes, per-peer sync state from the `sync_peers` table) are read only when
 scraped, by `_ScrapeCollector`, at no cost in between.
 """
 
@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from relay.protocol.rejection import PREFIXES
+from relay.store.checkpoint import file_bytes, wal_bytes
 from relay.store.projectors.engine import ProjectorHook
 from relay.sync.state import PeerState, read_states
 
@@ -97,6 +98,12 @@ class _ScrapeCollector:
                                 "answered from a query", value=held)
         yield CounterMetricFamily("relay_slow_readers_disconnected", "connections closed (1008) for not reading "
                                   "live events in time", value=relay.slow_readers)
+        if relay.store is not None:
+            size = GaugeMetricFamily("relay_database_bytes", "size of the SQLite files: the database (db) and "
+                                     "its write-ahead log (wal)", labels=["file"])
+            size.add_metric(["db"], file_bytes(relay.store.path))
+            size.add_metric(["wal"], wal_bytes(relay.store.path))
+            yield size
         refusals = CounterMetricFamily("relay_projector_refusals", "events stored but not projected, by projector",
                                        labels=["projector"])
         for hook in relay.store.hooks if relay.store is not None else ():

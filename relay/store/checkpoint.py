@@ -32,12 +32,17 @@ class CheckpointResult:
     checkpointed_frames: int  # frames of it now copied back into the database file
 
 
-def wal_bytes(database: Path) -> int:
-    """Size in bytes of the `-wal` file beside `database` (0 when there is none)."""
+def file_bytes(path: Path | str) -> int:
+    """Size of the file at `path` in bytes (0 when there is none)."""
     try:
-        return os.stat(f"{database}-wal").st_size
+        return os.stat(path).st_size
     except FileNotFoundError:
         return 0
+
+
+def wal_bytes(database: Path | str) -> int:
+    """Size in bytes of the `-wal` file beside `database` (0 when there is none)."""
+    return file_bytes(f"{database}-wal")
 
 
 def checkpoint(conn: sqlite3.Connection, database: Path, mode: str, truncate_wal_bytes: int) -> CheckpointResult:

@@ -65,6 +65,7 @@ async def test_metrics_count_connections_events_queries_sessions_projectors_and_
             await asyncio.sleep(0.05)
     finally:
         await client.close()
+        db_bytes = relay.store.path.stat().st_size
         await relay.stop()
 
     assert content_type.startswith("text/plain; version=0.0.4")
@@ -85,6 +86,8 @@ async def test_metrics_count_connections_events_queries_sessions_projectors_and_
     assert 1 <= m[("relay_writer_batch_events_count", ())] <= 3
     assert m[("relay_writer_commit_seconds_count", ())] == m[("relay_writer_batch_events_count", ())]
     assert m[("relay_slow_readers_disconnected_total", ())] == 0
+    assert 0 < m[("relay_database_bytes", (("file", "db"),))] <= db_bytes  # a database file never shrinks here
+    assert ("relay_database_bytes", (("file", "wal"),)) in m
     assert m[("relay_projector_refusals_total", (("projector", "profiles"),))] == 1
     assert m[("relay_sync_events_in_total", (("peer", PEER),))] == 7
     assert m[("relay_sync_events_out_total", (("peer", PEER),))] == 3
