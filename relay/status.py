@@ -91,10 +91,6 @@ def render_status(status: dict, now: float | None = None, top_kinds: int = 15) -
         lines.append(f"  kind {kind:>5}: {count}")
     if len(kinds) > top_kinds:
         lines.append(f"  ... {len(kinds) - top_kinds} more kinds: {sum(c for _, c in kinds[top_kinds:])}")
-    lines.append(f"projectors: {len(status['projectors'])}" + ("" if status["projectors"] else " (none configured)"))
-    for p in status["projectors"]:
-        lines.append(f"  {p['name']} (kind {p['kind']}, revision {p['revision']}): {p['state']}, {p['rows']} rows, "
-                     f"{p['refusals']} refusals")
     lines.append(f"sync peers: {len(status['peers'])}" + ("" if status["peers"] else " (none configured)"))
     for p in status["peers"]:
         scope = f"{p['direction']}, filter {json.dumps(p['filter'])}" if p["configured"] else "not configured"
@@ -106,6 +102,10 @@ def render_status(status: dict, now: float | None = None, top_kinds: int = 15) -
             lines.append(f"    last error {_when(p.get('last_error_at'), now)}: {p['last_error']}")
         if p.get("lease_owner") and (p.get("lease_expires") or 0) > now:
             lines.append(f"    syncing now: {p['lease_owner']} (lease until {_when(p['lease_expires'], now)})")
+    lines.append(f"projectors: {len(status['projectors'])}" + ("" if status["projectors"] else " (none configured)"))
+    for p in status["projectors"]:
+        lines.append(f"  {p['name']} (kind {p['kind']}, revision {p['revision']}): {p['state']}, {p['rows']} rows, "
+                     f"{p['refusals']} refusals")
     return "\n".join(lines)
 
 
