@@ -108,7 +108,7 @@ class _ScrapeCollector:
                                        labels=["projector"])
         for hook in relay.store.hooks if relay.store is not None else ():
             if isinstance(hook, ProjectorHook):
-                for name, count in sorted(hook.refused.items()):
+                for name, count in sorted(dict(hook.refused).items()):  # a copy: the writer thread adds
                     refusals.add_metric([name], count)
         yield refusals
         yield from self._peers()

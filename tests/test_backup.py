@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import sys
+from pathlib import Path
 
 import orjson
 
-from relay.cli import main
+from relay.backup import run_backup
+from tests.conftest import make_config
 from tests.helpers import Client, Keys
 from tests.test_cli import clean_env
 
@@ -67,14 +69,14 @@ async def test_backup_while_serving_is_consistent_and_holds_what_was_acknowledge
 
 def test_backup_refuses_to_overwrite_an_existing_file(tmp_path, capsys):
     """An existing PATH: exit 1, a message naming it, and the file untouched; a missing database: exit 1."""
-    db = tmp_path / "relay.db"
-    db.write_bytes(b"")  # refused before the database is read
+    config = make_config(tmp_path)  # run_backup, not cli.main: main would point the logs at capsys's files
+    Path(config.store.path).write_bytes(b"")  # refused before the database is read
     target = tmp_path / "taken.db"
     target.write_bytes(b"precious")
-    assert main(["backup", "--db", str(db), str(target)]) == 1
+    assert run_backup(config, target) == 1
     assert f"relay backup: {target} exists; refusing to overwrite it" in capsys.readouterr().err
     assert target.read_bytes() == b"precious"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["relay.db", "taken.db"]
-    assert main(["backup", "--db", str(tmp_path / "nothing.db"), str(tmp_path / "out.db")]) == 1
+    assert run_backup(make_config(tmp_path / "none"), tmp_path / "out.db") == 1
     assert "no database at" in capsys.readouterr().err
     assert not (tmp_path / "out.db").exists()

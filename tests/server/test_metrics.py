@@ -89,6 +89,7 @@ async def test_metrics_count_connections_events_queries_sessions_projectors_and_
     assert 0 < m[("relay_database_bytes", (("file", "db"),))] <= db_bytes  # a database file never shrinks here
     assert ("relay_database_bytes", (("file", "wal"),)) in m
     assert m[("relay_projector_refusals_total", (("projector", "profiles"),))] == 1
+    assert m[("relay_projector_refusals_total", (("projector", "follows"),))] == 0  # every projector, from the start
     assert m[("relay_sync_events_in_total", (("peer", PEER),))] == 7
     assert m[("relay_sync_events_out_total", (("peer", PEER),))] == 3
     assert m[("relay_sync_last_success_timestamp_seconds", (("peer", PEER),))] == 1_700_000_000

@@ -190,7 +190,8 @@ class ProjectorHook:
         self._causal_kinds = {c.spec.kind for c in self.causal}
         self.rebuilt: list[tuple[str, str]] = []
         self.removed: list[str] = []
-        self.refused: Counter[str] = Counter()  # projector name -> events refused since start (metrics)
+        # projector name -> events refused since start (metrics); every name from the start, at 0
+        self.refused: Counter[str] = Counter({name: 0 for name in names})
 
     # ---------------------------------------------------------------- start-up
 
