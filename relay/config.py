@@ -206,6 +206,7 @@ class NegentropyConfig:
     max_session_items: int = 4_000_000
     max_sessions_per_connection: int = 8
     idle_timeout_seconds: float = 60.0
+    cache_items: int = 2_000_000
     filters: tuple[dict, ...] = ()
 
 
@@ -265,7 +266,8 @@ _MINIMUM = {("server", "port"): 0, ("store", "read_connections"): 1, ("store", "
             ("store", "max_projector_refusals"): 1, ("store", "projector_rebuild_batch"): 1}
 _MINIMUM.update({("sync", key): low for key, low in _MINIMUM_SYNC.items()})
 _MINIMUM.update({("negentropy", "frame_size_limit"): 4096,  # the engine's MIN_FRAME_SIZE_LIMIT
-                 ("negentropy", "max_sessions_per_connection"): 1, ("negentropy", "idle_timeout_seconds"): 0.1})
+                 ("negentropy", "max_sessions_per_connection"): 1, ("negentropy", "idle_timeout_seconds"): 0.1,
+                 ("negentropy", "cache_items"): 0})
 
 
 def _section_types(section: str) -> dict[str, type]:
