@@ -13,7 +13,7 @@ import gc
 import itertools
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 
 import structlog
@@ -103,29 +103,30 @@ class Relay:
         connections still open at the deadline are closed with 1001 as they are.
         The store then commits whatever is still queued (peer sync, stragglers).
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.server.shutdown_timeout_seconds
+        deadline = asyncio.get_running_loop().time() + self.config.server.shutdown_timeout_seconds
         for task in self._background:
             task.cancel()
         if self.sync is not None:  # peer sync first: it releases its leases and stops writing
-            await self.sync.stop()
+            await self._within(deadline, self.sync.stop(), "sync")
         if self.server is not None:
             self.server.server.close()  # the listening sockets only: open connections drain first
-            drains = [asyncio.create_task(c.drain()) for c in list(self.connections)]
+            drains = [c.drain() for c in list(self.connections)]
             if drains:
-                await asyncio.wait(drains, timeout=max(0.0, deadline - loop.time()))
+                await self._within(deadline, asyncio.gather(*drains, return_exceptions=True), "drain")
             self.server.close(close_connections=True)  # 1001 to whoever is left
-            try:
-                await asyncio.wait_for(self.server.wait_closed(), max(0.0, deadline - loop.time()))
-            except TimeoutError:
-                log.warning("shutdown_timeout", waited_seconds=self.config.server.shutdown_timeout_seconds,
-                            open_connections=len(self.connections))
-            for task in drains:
-                task.cancel()
+            await self._within(deadline, self.server.wait_closed(), "close")
         if self.store is not None:
             await self.store.close()
         self.verifier.close()
         log.info("relay_stopped")
+
+    async def _within(self, deadline: float, step: Awaitable, name: str) -> None:
+        """Await `step` until the loop time `deadline`; past it, cancel it and log `shutdown_timeout`."""
+        try:
+            await asyncio.wait_for(step, max(0.0, deadline - asyncio.get_running_loop().time()))
+        except TimeoutError:
+            log.warning("shutdown_timeout", step=name, waited_seconds=self.config.server.shutdown_timeout_seconds,
+                        open_connections=len(self.connections))
 
     def accept(self, event: Event, done: Callable[[bool, str], None]) -> None:
         """Store a validated event (ephemeral kinds only go live); `done(accepted, message)` gets the OK."""
