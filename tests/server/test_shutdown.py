@@ -8,6 +8,7 @@ import signal
 
 import orjson
 import pytest
+import structlog.testing
 from websockets.exceptions import ConnectionClosed
 
 from relay.server.app import Relay
@@ -92,3 +93,17 @@ def test_signal_mid_burst_keeps_every_acknowledged_event_and_closes_1001(tmp_pat
     stored = asyncio.run(_served_ids(tmp_path, keys))
     assert acked <= stored  # every acknowledged event survived
     assert stored == acked  # and every event taken before the signal got its OK
+
+
+async def test_past_the_shutdown_timeout_connections_are_closed_1001_anyway(tmp_path, alice):
+    """shutdown_timeout_seconds = 0: no waiting for anyone, a `shutdown_timeout` log line, and still close code 1001."""
+    relay = Relay(make_config(tmp_path, server={"shutdown_timeout_seconds": 0.0}))
+    await relay.start()
+    client = await Client.connect(relay.url)
+    assert (await client.publish(alice.sign(content="before the stop")))[2] is True
+    with structlog.testing.capture_logs() as logs:
+        await asyncio.wait_for(relay.stop(), 30)  # a bound for a hang, not a speed target
+    with pytest.raises(ConnectionClosed):
+        await client.recv()
+    assert client.ws.close_code == 1001
+    assert {entry["step"] for entry in logs if entry["event"] == "shutdown_timeout"} >= {"drain"}
