@@ -1,4 +1,4 @@
-"""The `relay` command line: serve, import, export, sync, status, key.
+"""The `relay` command line: serve, import, export, sync, status, key, backup.
 
 Every subcommand takes `--config PATH` and `--db PATH`; flags override
 `RELAY_<SECTION>__<KEY>` environment variables, which override the file.
@@ -42,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print JSON for scripts")
     key = commands.add_parser("key", parents=[common], help="print this node's pubkey, creating its key file if absent")
     key.add_argument("--file", type=Path, help="the key file (default: sync.secret_key_file, else sync.key beside the db)")
+    backup = commands.add_parser("backup", parents=[common], help="write a consistent copy of the database "
+                                 "(while the relay serves)")
+    backup.add_argument("path", type=Path, help="the copy's file name; must not exist")
     _projector_parsers(commands, common)
     return parser
 
@@ -105,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         from relay.sync.keys import key_path, run_key
 
         return run_key(args.file or key_path(config.sync.secret_key_file, config.store.path))
+    if args.command == "backup":
+        from relay.backup import run_backup
+
+        return run_backup(config, args.path)
     if args.command in ("verify", "projectors", "query"):
         return _run_projector_command(config, args)
     from relay.commands import run_export

@@ -19,6 +19,7 @@ from typing import Any
 from relay.protocol.event import EventLimits
 from relay.store.projectors.builtin import builtin_projectors  # [[projectors]]
 from relay.store.projectors.spec import ProjectorSpec, SpecError, parse_specs  # [[projectors]]
+from relay.store.checkpoint import CHECKPOINT_MODES
 from relay.store.store import StoreOptions
 
 ENV_PREFIX = "RELAY_"
@@ -81,6 +82,8 @@ class StoreConfig:
     max_batch: int = 1_024
     expiry_purge_interval_seconds: float = 60.0
     checkpoint_interval_seconds: float = 1.0
+    checkpoint_mode: str = "passive"
+    checkpoint_truncate_wal_bytes: int = 67_108_864
     verify_threads: int = 2
     max_projector_refusals: int = 10_000  # [[projectors]]: rows kept in the refusal log
     projector_rebuild_batch: int = 10_000  # [[projectors]]: events per rebuild transaction
@@ -93,7 +96,8 @@ class StoreConfig:
         return StoreOptions(
             synchronous=self.synchronous, read_connections=read_connections or self.read_connections,
             writer_queue_size=self.writer_queue_size, max_batch=self.max_batch,
-            checkpoint_interval_seconds=self.checkpoint_interval_seconds,
+            checkpoint_interval_seconds=self.checkpoint_interval_seconds, checkpoint_mode=self.checkpoint_mode,
+            checkpoint_truncate_wal_bytes=self.checkpoint_truncate_wal_bytes,
             relay_urls=frozenset([relay_url_key(relay_url)] if relay_url else []))
 
 
@@ -379,6 +383,7 @@ class Config:
 
 _CHOICES = {
     ("store", "synchronous"): ("off", "normal", "full", "extra"),
+    ("store", "checkpoint_mode"): CHECKPOINT_MODES,
     ("log", "level"): ("debug", "info", "warning", "error"),
     ("log", "format"): ("auto", "json", "console"),
     ("auth", "write"): WRITE_MODES,

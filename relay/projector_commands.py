@@ -81,35 +81,50 @@ def run_verify(config: Config) -> int:
     return 1 if bad else 0
 
 
+def projector_states(conn: sqlite3.Connection, config: Config) -> list[dict]:
+    """Each configured projector, then each one remembered in the database but no longer configured.
+
+    Shape: `{"name", "kind", "revision", "state", "rows", "refusals", "tables"}`;
+    `state` is "current", "pending (<why it will be rebuilt>)" or "removed
+    from the configuration (table kept)"; `rows` counts rows of its tables,
+    `refusals` the events in the refusal log.
+    """
+    records = read_meta(conn)
+    refused = dict(conn.execute("SELECT projector, count(*) FROM projector_refusals GROUP BY projector")
+                   .fetchall()) if _has_refusal_log(conn) else {}
+    found = [_state(conn, spec.name, spec.kind, spec.revision, refused, pending_reason(spec, records.get(spec.name),
+                                                                                      conn), (spec.table,))
+             for spec in config.projectors]
+    configured = {s.name for s in config.projectors}
+    for name, record in sorted(records.items()):
+        if name not in configured:
+            found.append(_state(conn, name, record.get("kind", "?"), record.get("revision", "?"), refused,
+                                "removed from the configuration (table kept)", tuple(record.get("tables", ()))))
+    return found
+
+
 def run_projectors_list(config: Config) -> int:
     """`relay projectors list`: each configured or remembered projector, its kind, revision, state, rows, refusals."""
     conn = _open_readonly(config.store.path)
     if conn is None:
         return 2
     with closing(conn):
-        records = read_meta(conn)
-        refused = dict(conn.execute("SELECT projector, count(*) FROM projector_refusals GROUP BY projector")
-                       .fetchall()) if _has_refusal_log(conn) else {}
-        lines = [("NAME", "KIND", "REV", "STATE", "ROWS", "REFUSALS", "TABLES")]
-        for spec in config.projectors:
-            lines.append(_line(conn, spec.name, spec.kind, spec.revision, records.get(spec.name), refused,
-                               pending_reason(spec, records.get(spec.name), conn), (spec.table,)))
-        configured = {s.name for s in config.projectors}
-        for name, record in sorted(records.items()):
-            if name not in configured:
-                lines.append(_line(conn, name, record.get("kind", "?"), record.get("revision", "?"), record, refused,
-                                   "removed from the configuration (table kept)", tuple(record.get("tables", ()))))
+        states = projector_states(conn, config)
+    lines = [("NAME", "KIND", "REV", "STATE", "ROWS", "REFUSALS", "TABLES")]
+    lines += [(p["name"], p["kind"], p["revision"], p["state"], p["rows"], p["refusals"], ",".join(p["tables"]))
+              for p in states]
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(lines[0]))]
     for line in lines:
         print("  ".join(str(v).ljust(w) for v, w in zip(line, widths)).rstrip())
     return 0
 
 
-def _line(conn, name, kind, revision, record, refused, reason, tables) -> tuple:
+def _state(conn, name, kind, revision, refused, reason, tables) -> dict:
     state = "current" if reason is None else (reason if reason.startswith("removed") else f"pending ({reason})")
     rows = sum(conn.execute(f"SELECT count(*) FROM {quote(t)}").fetchone()[0] for t in tables
                if table_exists(conn, t))
-    return (name, kind, revision, state, rows, refused.get(name, 0), ",".join(tables))
+    return {"name": name, "kind": kind, "revision": revision, "state": state, "rows": rows,
+            "refusals": refused.get(name, 0), "tables": list(tables)}
 
 
 def run_projectors_rebuild(config: Config, name: str) -> int:

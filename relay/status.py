@@ -1,4 +1,4 @@
-"""`relay status`: database size, events by kind, and each sync peer's state, read-only.
+"""`relay status`: database size, events by kind, projectors, and each sync peer's state, read-only.
 
 Reads the SQLite file directly (read-only, WAL: a running relay is not
 disturbed), so it works whether or not `relay serve` is running.
@@ -13,22 +13,18 @@ import time
 from pathlib import Path
 
 from relay.config import Config
+from relay.projector_commands import projector_states
+from relay.store.checkpoint import file_bytes, wal_bytes
 from relay.sync.state import read_states
-
-
-def _file_size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
 
 
 def gather_status(config: Config) -> dict:
     """The status as a JSON-ready dict.
 
     Shape: `{"database": {"path", "bytes", "wal_bytes", "schema_version"},
-    "events": {"total", "by_kind": {"<kind>": count}}, "peers": [...]}`, where
-    each peer has `url`, `configured` (in `[[sync.peers]]`), `direction`,
+    "events": {"total", "by_kind": {"<kind>": count}}, "projectors": [...],
+    "peers": [...]}`, where each projector is as `projector_states` gives it
+    and each peer has `url`, `configured` (in `[[sync.peers]]`), `direction`,
     `filter`, and the `sync_peers` columns (unix seconds, counts of events).
 
     Raises:
@@ -44,6 +40,7 @@ def gather_status(config: Config) -> dict:
         by_kind = conn.execute("SELECT kind, count(*) FROM events GROUP BY kind ORDER BY count(*) DESC, kind")
         kinds = {str(kind): count for kind, count in by_kind}
         states = {s.url: s.as_dict() for s in read_states(conn)}
+        projectors = projector_states(conn, config)
     finally:
         conn.close()
     peers = []
@@ -53,9 +50,10 @@ def gather_status(config: Config) -> dict:
                       "pubkey": peer.pubkey or None})
     peers.extend({**row, "configured": False} for row in states.values())
     return {
-        "database": {"path": str(path), "bytes": _file_size(path),
-                     "wal_bytes": _file_size(path.with_name(path.name + "-wal")), "schema_version": version},
+        "database": {"path": str(path), "bytes": file_bytes(path), "wal_bytes": wal_bytes(path),
+                     "schema_version": version},
         "events": {"total": sum(kinds.values()), "by_kind": kinds},
+        "projectors": projectors,
         "peers": peers,
     }
 
@@ -104,6 +102,10 @@ def render_status(status: dict, now: float | None = None, top_kinds: int = 15) -
             lines.append(f"    last error {_when(p.get('last_error_at'), now)}: {p['last_error']}")
         if p.get("lease_owner") and (p.get("lease_expires") or 0) > now:
             lines.append(f"    syncing now: {p['lease_owner']} (lease until {_when(p['lease_expires'], now)})")
+    lines.append(f"projectors: {len(status['projectors'])}" + ("" if status["projectors"] else " (none configured)"))
+    for p in status["projectors"]:
+        lines.append(f"  {p['name']} (kind {p['kind']}, revision {p['revision']}): {p['state']}, {p['rows']} rows, "
+                     f"{p['refusals']} refusals")
     return "\n".join(lines)
 
 

@@ -13,7 +13,7 @@ import gc
 import itertools
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 
 import structlog
@@ -22,6 +22,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from relay.config import Config
+from relay.metrics import CONTENT_TYPE, Metrics
 from relay.protocol.auth import AUTH_KIND
 from relay.protocol.event import Event, is_ephemeral
 from relay.server import nip11
@@ -58,6 +59,8 @@ class Relay:
         self._background: list[asyncio.Task] = []
         self.sync = None  # relay.sync.scheduler.Scheduler while [[sync.peers]] are configured
         self.negentropy: NegentropyService | None = None  # NIP-77 responder, from start()
+        self.connections: set[Connection] = set()  # open ones, for shutdown and metrics
+        self.metrics = Metrics(self)  # served at /metrics (relay/metrics.py)
 
     async def start(self) -> None:
         """Open the store and start listening on `config.server` (port 0: any free port)."""
@@ -66,6 +69,7 @@ class Relay:
 
         self.store = await Store.open(s.path, s.options(relay_url=self.config.server.public_url), hooks(self.config))
         self.store.add_listener(self._on_commit)
+        self.store.on_batch = self.metrics.writer_batch
         self.negentropy = NegentropyService(self.config.negentropy, self.store, self.internal_error)
         try:
             self.server = await serve(
@@ -101,21 +105,37 @@ class Relay:
         return f"ws://{self.config.server.host}:{self.port}"
 
     async def stop(self) -> None:
-        """Stop accepting, close sockets with 1001, drain the writer, close the store."""
+        """Graceful shutdown within `server.shutdown_timeout_seconds`, then close the store.
+
+        Stop accepting; each connection stops reading, waits until every EVENT
+        it took has been committed and its OK written, and closes with 1001;
+        connections still open at the deadline are closed with 1001 as they are.
+        The store then commits whatever is still queued (peer sync, stragglers).
+        """
+        deadline = asyncio.get_running_loop().time() + self.config.server.shutdown_timeout_seconds
         for task in self._background:
             task.cancel()
         if self.sync is not None:  # peer sync first: it releases its leases and stops writing
-            await self.sync.stop()
+            await self._within(deadline, self.sync.stop(), "sync")
         if self.server is not None:
-            self.server.close(close_connections=True)
-            try:
-                await asyncio.wait_for(self.server.wait_closed(), self.config.server.shutdown_timeout_seconds)
-            except TimeoutError:
-                log.warning("shutdown_timeout", waited_seconds=self.config.server.shutdown_timeout_seconds)
+            self.server.server.close()  # the listening sockets only: open connections drain first
+            drains = [c.drain() for c in list(self.connections)]
+            if drains:
+                await self._within(deadline, asyncio.gather(*drains, return_exceptions=True), "drain")
+            self.server.close(close_connections=True)  # 1001 to whoever is left
+            await self._within(deadline, self.server.wait_closed(), "close")
         if self.store is not None:
             await self.store.close()
         self.verifier.close()
         log.info("relay_stopped")
+
+    async def _within(self, deadline: float, step: Awaitable, name: str) -> None:
+        """Await `step` until the loop time `deadline`; past it, cancel it and log `shutdown_timeout`."""
+        try:
+            await asyncio.wait_for(step, max(0.0, deadline - asyncio.get_running_loop().time()))
+        except TimeoutError:
+            log.warning("shutdown_timeout", step=name, waited_seconds=self.config.server.shutdown_timeout_seconds,
+                        open_connections=len(self.connections))
 
     def accept(self, event: Event, done: Callable[[bool, str], None], origin: str = "") -> None:
         """Store a validated event (ephemeral kinds only go live); `done(accepted, message)` gets the OK.
@@ -126,12 +146,14 @@ class Relay:
             if event.kind == AUTH_KIND:  # NIP-42: never broadcast
                 done(False, f"invalid: kind {AUTH_KIND} is sent with AUTH, not EVENT (NIP-42)")
                 return
+            self.metrics.events_ephemeral.inc()
             self._fanout([event])
             done(True, "")
             return
         self.store.enqueue(event, origin, done)
 
     def _on_commit(self, changes: Changes) -> None:
+        self.metrics.events_stored.inc(len(changes.inserted))
         self._fanout(changes.inserted)
 
     def _fanout(self, events: list[Event]) -> None:
@@ -165,14 +187,19 @@ class Relay:
         log.info("connection_opened")
         # NIP-42 relay tag: the configured public URL, else the one this client connected to.
         relay_url = self.config.server.public_url or f"ws://{headers.get('Host', '')}{ws.request.path}"
+        connection = Connection(ws, self, remote, relay_url)
+        self.connections.add(connection)
         try:
-            await Connection(ws, self, remote, relay_url).run()
+            await connection.run()
         finally:
+            self.connections.discard(connection)
             log.info("connection_closed", code=ws.close_code)
 
-    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+    async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         if request.path == "/health":
             return _response(HTTPStatus.OK, b"ok\n", "text/plain")
+        if request.path == "/metrics":
+            return _response(HTTPStatus.OK, await self.metrics.render(), CONTENT_TYPE)
         if "application/nostr+json" in request.headers.get("Accept", ""):
             return _response(HTTPStatus.OK, nip11.document(self.config), "application/nostr+json")
         return None

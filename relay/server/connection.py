@@ -110,6 +110,7 @@ class Connection:
         self._queued_live_bytes = 0
         self._queued_oks = 0
         self._closing = False
+        self._draining = False  # the relay is shutting down: frames are read and dropped
         self.negentropy = relay.negentropy.sessions_for(self.send, self.access)  # NIP-77 (relay/server/negentropy.py)
 
     async def run(self) -> None:
@@ -120,16 +121,31 @@ class Connection:
                 self._challenge()
             while True:
                 # Bytes, not str: orjson checks UTF-8 itself, so websockets need not decode.
-                await self._dispatch(await self.ws.recv(decode=False))
+                message = await self.ws.recv(decode=False)
+                if not self._draining:
+                    await self._dispatch(message)
         except ConnectionClosed:
             pass
         finally:
             self._closing = True
+            self._slot_free.set()  # wakes a drain() waiting for OKs that will never be written
             sender.cancel()
             for sub_id in list(self.subscriptions):
                 self._unsubscribe(sub_id)
             self.negentropy.close_all()
             self.relay.rate_limits.close(self.rate)
+
+    async def drain(self) -> None:
+        """Graceful shutdown: take no more frames, wait until every EVENT taken has its OK written, close 1001.
+
+        Frames still arriving are read and dropped unanswered (so the close
+        handshake is read too); an EVENT that was waiting for room is dropped.
+        """
+        self._draining = True
+        while self._in_flight and not self._closing:
+            self._slot_free.clear()
+            await self._slot_free.wait()
+        await self.ws.close(1001, "relay shutting down")
 
     async def _dispatch(self, message: str | bytes) -> None:
         # The one broad catch of the message loop: a bug answers NOTICE, never kills the socket.
@@ -139,9 +155,9 @@ class Connection:
                 if self._in_flight >= self._limits.max_events_in_flight:
                     self._slot_free.clear()
                     await self._slot_free.wait()
-                    if self._closing:
-                        return  # the sender stopped: the socket is gone, the next recv ends the loop
                 await self.relay.store.wait_for_room()
+                if self._closing or self._draining:
+                    return  # the socket is gone or the relay is stopping: not taken, never answered
                 self._in_flight += 1
                 self._event(envelope.event)
             elif type(envelope) is ReqEnvelope:
@@ -194,6 +210,7 @@ class Connection:
     def _event(self, obj: object) -> None:
         # EVENT pipeline without a task per event: parse here, then callbacks
         # from the signature verifier and the writer; it ends in `_event_done`.
+        self.relay.metrics.events_received.inc()
         ref = obj.get("id") if type(obj) is dict else None
         done = partial(self._event_done, ref)
         if self.rate is not None and not self.rate.allow(EVENTS):
@@ -225,6 +242,7 @@ class Connection:
             done(False, self.relay.internal_error("event_failed", exc, event_id=event.id))
 
     def _event_done(self, ref: object, accepted: bool, message: str) -> None:
+        self.relay.metrics.event_answered(accepted, message)
         self._push_ok(_ok(ref, accepted, message))
 
     def _challenge(self) -> None:
@@ -282,8 +300,9 @@ class Connection:
             # One stored query at a time per connection: a client cannot hold every
             # read connection, nor more than one result set in memory.
             async with self._query_slot:
-                stored = await self.relay.store.query(sub.filters, self._limits.default_limit, self._limits.max_limit,
-                                                      self.access.private)
+                with self.relay.metrics.req_seconds.time():
+                    stored = await self.relay.store.query(sub.filters, self._limits.default_limit,
+                                                          self._limits.max_limit, self.access.private)
             for start in range(0, len(stored), _STORED_CHUNK):
                 await self.send_many([encode_event(sub.sub_id, raw) for raw in stored[start:start + _STORED_CHUNK]])
             await self.send(encode_eose(sub.sub_id))
@@ -312,7 +331,8 @@ class Connection:
             return
         try:
             async with self._query_slot:
-                count = await self.relay.store.count(req.filters, self.access.private)
+                with self.relay.metrics.count_seconds.time():
+                    count = await self.relay.store.count(req.filters, self.access.private)
         except Exception as exc:
             await self.send(encode_closed(req.sub_id, self.relay.internal_error("count_failed", exc)))
             return

@@ -14,6 +14,7 @@ wait on the writer).
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -27,6 +28,7 @@ from relay.protocol.auth import PrivateKinds
 from relay.protocol.event import Event
 from relay.protocol.filters import Filter
 from relay.store import db
+from relay.store.checkpoint import checkpoint
 from relay.store.queries import compile_count, compile_filter, run_count, run_query
 from relay.store.writes import Changes, TransactionHook, Write, apply_batch, purge_expired
 
@@ -43,6 +45,8 @@ class StoreOptions:
     max_batch: int = 1024
     purge_batch: int = 1000
     checkpoint_interval_seconds: float = 1.0
+    checkpoint_mode: str = "passive"  # relay/store/checkpoint.py: the policy
+    checkpoint_truncate_wal_bytes: int = 67_108_864
     relay_urls: frozenset[tuple] = frozenset()  # this relay's URL keys (relay_url_key), for NIP-62 requests to vanish
 
 
@@ -80,6 +84,8 @@ class Store:
         self._checkpoint_conn: aiosqlite.Connection | None = None
         self._checkpoint_task: asyncio.Task | None = None
         self._listeners: list[Callable[[Changes], None]] = []
+        # Told (events, seconds) of every write transaction: the relay's metrics (relay/metrics.py).
+        self.on_batch: Callable[[int, float], None] = lambda events, seconds: None
         self._failure: BaseException | None = None
 
     @classmethod
@@ -107,12 +113,14 @@ class Store:
 
     async def _checkpoint_loop(self) -> None:
         # WAL checkpoints write pages back and fsync; done here, on a connection
-        # of their own, the writer never waits for them (PASSIVE takes no lock).
+        # of their own, the writer never waits for them (see checkpoint.py).
+        o = self.options
         while True:
-            await asyncio.sleep(self.options.checkpoint_interval_seconds)
+            await asyncio.sleep(o.checkpoint_interval_seconds)
             try:
-                await self._checkpoint_conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-            except aiosqlite.Error as exc:
+                await db.run(self._checkpoint_conn, checkpoint, self.path, o.checkpoint_mode,
+                             o.checkpoint_truncate_wal_bytes)
+            except sqlite3.Error as exc:
                 log.warning("checkpoint_failed", error=repr(exc))
 
     @property
@@ -206,8 +214,10 @@ class Store:
         writes = [(w, done) for w, done in batch if isinstance(w, Write)]
         jobs = [(w, done) for w, done in batch if not isinstance(w, Write)]
         if writes:
+            started = time.perf_counter()
             outcomes, changes = await db.run(self._writer_conn, apply_batch, [w for w, _ in writes], self.hooks,
                                              self.options.relay_urls)
+            self.on_batch(len(writes), time.perf_counter() - started)
             # call_soon: a failing callback is logged by the loop and never stops the writer.
             for (_, done), outcome in zip(writes, outcomes):
                 self._loop.call_soon(done, *outcome)

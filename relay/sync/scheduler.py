@@ -128,6 +128,7 @@ class PeerSync:
                              scheduler.config.store.verify_threads)
         self.events_in = 0  # not yet written to sync_peers
         self.events_out = 0
+        self.errors = 0  # failed attempts since start (metrics)
         self._conn: PeerConnection | None = None
         self._outgoing: deque[Event] = deque()
         self._outgoing_ready = asyncio.Event()
@@ -193,6 +194,7 @@ class PeerSync:
             backoff = min(backoff * 2, self.config.backoff_max_seconds)
 
     async def _record_error(self, error: str) -> None:
+        self.errors += 1
         try:
             await self.scheduler.states.record_error(self.url, error)
         except sqlite3.Error as exc:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from operator import itemgetter
 
@@ -189,6 +190,8 @@ class ProjectorHook:
         self._causal_kinds = {c.spec.kind for c in self.causal}
         self.rebuilt: list[tuple[str, str]] = []
         self.removed: list[str] = []
+        # projector name -> events refused since start (metrics); every name from the start, at 0
+        self.refused: Counter[str] = Counter({name: 0 for name in names})
 
     # ---------------------------------------------------------------- start-up
 
@@ -245,6 +248,7 @@ class ProjectorHook:
                 for log_id, author in sorted(touched):
                     engine.settle(conn, log_id, author, refusals, reset=(log_id, author) in reset)
         record_refusals(cur, refusals, int(self.clock()), self.max_refusals)
+        self.refused.update(name for name, _, _ in refusals)
 
 
 # -------------------------------------------------------------------- rebuild

@@ -1,0 +1,132 @@
+"""Prometheus metrics of one relay process, served at `GET /metrics` (text format 0.0.4).
+
+How this works: every `Relay` owns a `Metrics` with its own
+`CollectorRegistry` (tests run many relays in one process).  Hot-path
+counters and histograms are bound once (labelled children included), so a
+call site costs one `inc()` or `observe()`.  Values the relay already holds
+(open connections, subscriptions, NIP-77 sessions, slow readers, projector
+refusals, file sizes, per-peer sync state from the `sync_peers` table) are read only when
+scraped, by `_ScrapeCollector`, at no cost in between.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from relay.protocol.rejection import PREFIXES
+from relay.store.checkpoint import file_bytes, wal_bytes
+from relay.store.projectors.engine import ProjectorHook
+from relay.sync.state import PeerState, read_states
+
+if TYPE_CHECKING:
+    from relay.server.app import Relay
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# No `*_created` series: they double the output and say only when the process started.
+disable_created_metrics()
+
+_QUERY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+
+class Metrics:
+    """The metrics of `relay`; call sites use the bound children below (counts of events, seconds)."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.events_received = Counter("relay_events_received", "EVENT messages received from clients", registry=r)
+        self.events_stored = Counter("relay_events_stored", "events committed to the database (clients, sync, "
+                                     "import in this process)", registry=r)
+        self.events_ephemeral = Counter("relay_events_ephemeral", "ephemeral events accepted and fanned out, "
+                                        "never stored", registry=r)
+        refused = Counter("relay_events_refused", "EVENTs answered OK false, or OK true with 'duplicate:', "
+                          "by NIP-01 prefix", ["reason"], registry=r)
+        self._refused = {prefix: refused.labels(prefix) for prefix in PREFIXES}
+        query = Histogram("relay_query_seconds", "seconds to read the stored results of one REQ or COUNT",
+                          ["verb"], buckets=_QUERY_BUCKETS, registry=r)
+        self.req_seconds = query.labels("REQ")
+        self.count_seconds = query.labels("COUNT")
+        self._batch_events = Histogram("relay_writer_batch_events", "events in one write transaction",
+                                       buckets=_BATCH_BUCKETS, registry=r)
+        self._commit_seconds = Histogram("relay_writer_commit_seconds", "seconds from BEGIN to COMMIT of one write "
+                                         "transaction (as the writer task waits for it)", buckets=_QUERY_BUCKETS,
+                                         registry=r)
+        self._scrape = _ScrapeCollector(relay)
+        r.register(self._scrape)
+
+    def event_answered(self, accepted: bool, message: str) -> None:
+        """Count an EVENT's OK reply: refusals (OK false) and duplicates (OK true "duplicate: ...") by prefix."""
+        if not accepted or message:
+            prefix = message.partition(":")[0]
+            self._refused.get(prefix, self._refused["error"]).inc()
+
+    def writer_batch(self, events: int, seconds: float) -> None:
+        """One write transaction of `events` events took `seconds` (`Store.on_batch`)."""
+        self._batch_events.observe(events)
+        self._commit_seconds.observe(seconds)
+
+    async def render(self) -> bytes:
+        """The exposition text; reads the `sync_peers` table first (one short read job)."""
+        store = self._scrape.relay.store
+        self._scrape.peers = await store.read_snapshot(read_states) if store is not None else []
+        return generate_latest(self.registry)
+
+
+class _ScrapeCollector:
+    """Values read from the relay at scrape time (see the module docstring)."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        self.peers: list[PeerState] = []
+
+    def collect(self) -> Iterator[Metric]:
+        relay = self.relay
+        connections = list(relay.connections)
+        yield GaugeMetricFamily("relay_connections", "open WebSocket connections", value=len(connections))
+        yield GaugeMetricFamily("relay_subscriptions", "open REQ subscriptions, all connections",
+                                value=sum(len(c.subscriptions) for c in connections))
+        yield GaugeMetricFamily("relay_negentropy_sessions", "open NIP-77 (NEG-OPEN) sessions, all connections",
+                                value=sum(len(c.negentropy) for c in connections))
+        held = relay.negentropy.items_held if relay.negentropy is not None else 0
+        yield GaugeMetricFamily("relay_negentropy_items_held", "items held in memory by NIP-77 sessions "
+                                "answered from a query", value=held)
+        yield CounterMetricFamily("relay_slow_readers_disconnected", "connections closed (1008) for not reading "
+                                  "live events in time", value=relay.slow_readers)
+        if relay.store is not None:
+            size = GaugeMetricFamily("relay_database_bytes", "size of the SQLite files: the database (db) and "
+                                     "its write-ahead log (wal)", labels=["file"])
+            size.add_metric(["db"], file_bytes(relay.store.path))
+            size.add_metric(["wal"], wal_bytes(relay.store.path))
+            yield size
+        refusals = CounterMetricFamily("relay_projector_refusals", "events stored but not projected, by projector",
+                                       labels=["projector"])
+        for hook in relay.store.hooks if relay.store is not None else ():
+            if isinstance(hook, ProjectorHook):
+                for name, count in sorted(dict(hook.refused).items()):  # a copy: the writer thread adds
+                    refusals.add_metric([name], count)
+        yield refusals
+        yield from self._peers()
+
+    def _peers(self) -> Iterator[Metric]:
+        """Per-peer sync state: all-time counts from `sync_peers`, errors since this process started."""
+        events_in = CounterMetricFamily("relay_sync_events_in", "events fetched from the peer and stored "
+                                        "(all time, from sync_peers)", labels=["peer"])
+        events_out = CounterMetricFamily("relay_sync_events_out", "events pushed to the peer and accepted by it "
+                                         "(all time, from sync_peers)", labels=["peer"])
+        success = GaugeMetricFamily("relay_sync_last_success_timestamp_seconds", "unix time of the last complete "
+                                    "reconciliation with the peer (0: never)", labels=["peer"])
+        errors = CounterMetricFamily("relay_sync_errors", "failed sync attempts with a configured peer since this "
+                                     "process started", labels=["peer"])
+        for state in self.peers:
+            events_in.add_metric([state.url], state.events_in)
+            events_out.add_metric([state.url], state.events_out)
+            success.add_metric([state.url], state.last_success or 0)
+        for peer in self.relay.sync.peers if self.relay.sync is not None else ():
+            errors.add_metric([peer.url], peer.errors)
+        yield from (events_in, events_out, success, errors)

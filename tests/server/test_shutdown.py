@@ -1,0 +1,111 @@
+"""Graceful shutdown of `relay serve` (a subprocess) on SIGTERM and SIGINT in the middle of a publishing burst."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import orjson
+import pytest
+import structlog.testing
+from websockets.exceptions import ConnectionClosed
+
+from relay.server.app import Relay
+from tests.conftest import make_config
+from tests.helpers import Client, Keys
+from tests.test_cli import Served, clean_env, free_port
+
+PUBLISHERS = 3
+BURST = 500  # events per publisher
+IN_FLIGHT = 64  # limits.max_events_in_flight: the relay takes a burst a little at a time, so the signal lands mid-burst
+SIGNAL_AFTER_OKS = 100
+
+
+async def _publish(port: int, events: list[dict], acked: set[str], signal_once) -> int:
+    """Send `events` as fast as the socket takes them while reading OKs; returns the close code received."""
+    client = await Client.connect(f"ws://127.0.0.1:{port}", open_timeout=10)
+
+    async def send_all() -> None:
+        try:
+            for event in events:
+                await client.send(["EVENT", event])
+        except ConnectionClosed:
+            pass
+
+    sender = asyncio.create_task(send_all())
+    try:
+        async for frame in client.ws:
+            reply = orjson.loads(frame)
+            if reply[0] == "AUTH":  # the NIP-42 challenge sent on connect
+                continue
+            assert reply[0] == "OK", reply
+            assert reply[2] is True, reply
+            acked.add(reply[1])
+            signal_once()
+    finally:
+        sender.cancel()
+    return client.ws.close_code
+
+
+async def _burst(port: int, bursts: list[list[dict]], pid: int, sig: int) -> tuple[set[str], list[int]]:
+    acked: set[str] = set()
+    sent = []
+
+    def signal_once() -> None:
+        if not sent and len(acked) >= SIGNAL_AFTER_OKS:
+            sent.append(sig)
+            os.kill(pid, sig)
+
+    codes = await asyncio.gather(*(_publish(port, events, acked, signal_once) for events in bursts))
+    return acked, list(codes)
+
+
+async def _served_ids(tmp_path, keys: list[Keys]) -> set[str]:
+    """Restart the relay (in-process) on the same database and REQ every publisher's events."""
+    relay = Relay(make_config(tmp_path))
+    await relay.start()
+    try:
+        client = await Client.connect(relay.url)
+        ids = set()
+        for i, k in enumerate(keys):
+            ids |= {e["id"] for e in await client.req(f"a{i}", {"authors": [k.pubkey], "limit": BURST})}
+        await client.close()
+    finally:
+        await relay.stop()
+    return ids
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_mid_burst_keeps_every_acknowledged_event_and_closes_1001(tmp_path, sig):
+    """Exit 0, close code 1001 to every client, and the stored events are exactly those acknowledged with OK true."""
+    keys = [Keys(0x5000 + i) for i in range(PUBLISHERS)]
+    bursts = [[k.sign(content=f"burst {i}") for i in range(BURST)] for k in keys]
+    port = free_port()
+    env = clean_env(RELAY_LIMITS__MAX_EVENTS_IN_FLIGHT=str(IN_FLIGHT), RELAY_RATE_LIMITS__ENABLED="false")
+    with Served(tmp_path, "--db", tmp_path / "relay.db", "--port", port, env=env) as served:
+        served.wait_health(port)
+        acked, codes = asyncio.run(_burst(port, bursts, served.proc.pid, sig))
+        exit_code = served.proc.wait(timeout=30)
+        log = served.log_events()
+    assert exit_code == 0, served.stderr
+    assert codes == [1001] * PUBLISHERS
+    assert SIGNAL_AFTER_OKS <= len(acked) < PUBLISHERS * BURST  # the signal came mid-burst
+    assert not any(e.get("event") == "shutdown_timeout" for e in log)
+    stored = asyncio.run(_served_ids(tmp_path, keys))
+    assert acked <= stored  # every acknowledged event survived
+    assert stored == acked  # and every event taken before the signal got its OK
+
+
+async def test_past_the_shutdown_timeout_connections_are_closed_1001_anyway(tmp_path, alice):
+    """shutdown_timeout_seconds = 0: no waiting for anyone, a `shutdown_timeout` log line, and still close code 1001."""
+    relay = Relay(make_config(tmp_path, server={"shutdown_timeout_seconds": 0.0}))
+    await relay.start()
+    client = await Client.connect(relay.url)
+    assert (await client.publish(alice.sign(content="before the stop")))[2] is True
+    with structlog.testing.capture_logs() as logs:
+        await asyncio.wait_for(relay.stop(), 30)  # a bound for a hang, not a speed target
+    with pytest.raises(ConnectionClosed):
+        await client.recv()
+    assert client.ws.close_code == 1001
+    assert {entry["step"] for entry in logs if entry["event"] == "shutdown_timeout"} >= {"drain"}

@@ -1,0 +1,82 @@
+"""`relay backup PATH` (a subprocess) while a relay serves and is written to."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import sys
+from pathlib import Path
+
+import orjson
+
+from relay.backup import run_backup
+from tests.conftest import make_config
+from tests.helpers import Client, Keys
+from tests.test_cli import clean_env
+
+
+async def _relay_cli(*args) -> tuple[int, str, str]:
+    """Run `python -m relay ARGS` without blocking the event loop: (exit code, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "relay", *map(str, args), env=clean_env(),
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def _publish_forever(client: Client, keys: Keys, acked: set[str]) -> None:
+    """Publish new events one after another (each after the previous OK), adding each OK true to `acked`."""
+    n = 0
+    while True:
+        n += 1
+        event = keys.sign(content=f"written during the backup {n}")
+        reply = await client.publish(event)
+        assert reply[2] is True, reply
+        acked.add(event["id"])
+
+
+async def test_backup_while_serving_is_consistent_and_holds_what_was_acknowledged(relay, client, alice, tmp_path):
+    """The copy passes integrity_check and holds every event acknowledged before the backup started."""
+    for i in range(200):
+        await client.send(["EVENT", alice.sign(content=f"before {i}")])
+    acked = set()
+    while len(acked) < 200:
+        reply = await client.recv()
+        assert reply[0] == "OK" and reply[2] is True, reply
+        acked.add(reply[1])
+    writer = asyncio.create_task(_publish_forever(client, alice, acked))
+    try:
+        while len(acked) < 220:  # the relay is being written to when the backup starts
+            await asyncio.sleep(0.01)
+        before = set(acked)
+        target = tmp_path / "backups" / "copy.db"
+        target.parent.mkdir()
+        code, out, err = await _relay_cli("backup", "--db", relay.config.store.path, target)
+        after = set(acked)
+    finally:
+        writer.cancel()
+    assert code == 0, err
+    assert out.startswith(f"relay backup: wrote {target}: ")
+    assert sorted(p.name for p in target.parent.iterdir()) == ["copy.db"]  # no partial file left behind
+    with sqlite3.connect(target.as_uri() + "?mode=ro", uri=True) as copy:
+        assert copy.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        ids = {row[0].hex() for row in copy.execute("SELECT id FROM events")}
+        raws = [orjson.loads(row[0]) for row in copy.execute("SELECT raw FROM events")]
+    assert before <= ids
+    assert ids <= after  # nothing but acknowledged events (some written during the backup may be in it)
+    assert all(e["pubkey"] == alice.pubkey for e in raws)
+    assert f"{len(ids)} events" in out
+
+
+def test_backup_refuses_to_overwrite_an_existing_file(tmp_path, capsys):
+    """An existing PATH: exit 1, a message naming it, and the file untouched; a missing database: exit 1."""
+    config = make_config(tmp_path)  # run_backup, not cli.main: main would point the logs at capsys's files
+    Path(config.store.path).write_bytes(b"")  # refused before the database is read
+    target = tmp_path / "taken.db"
+    target.write_bytes(b"precious")
+    assert run_backup(config, target) == 1
+    assert f"relay backup: {target} exists; refusing to overwrite it" in capsys.readouterr().err
+    assert target.read_bytes() == b"precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["relay.db", "taken.db"]
+    assert run_backup(make_config(tmp_path / "none"), tmp_path / "out.db") == 1
+    assert "no database at" in capsys.readouterr().err
+    assert not (tmp_path / "out.db").exists()

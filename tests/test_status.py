@@ -1,0 +1,91 @@
+"""`relay status` and `relay status --json`: database size, events by kind, projectors, sync peers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+
+import pytest
+
+from relay.server.app import Relay
+from relay.status import run_status
+from relay.store.projectors.spec import parse_specs
+from relay.sync.state import add_counts, record_error
+from tests.conftest import make_config
+from tests.helpers import Client, Keys
+
+CONFIGURED = "ws://configured.example"
+FORMER = "ws://former.example"  # synced once (sync_peers row), no longer in [[sync.peers]]
+
+
+@pytest.fixture
+async def status_config(tmp_path):
+    """A database written by a real relay, and a Config that keeps profiles, adds `notes` and drops the rest."""
+    config = make_config(tmp_path)
+    relay = Relay(config)
+    await relay.start()
+    client = await Client.connect(relay.url)
+    try:
+        for event in (Keys(1).sign(kind=0, content='{"name": "one"}'), Keys(2).sign(kind=0, content="not JSON"),
+                      *(Keys(1).sign(content=f"note {i}") for i in range(3)), Keys(1).sign(kind=7, content="+")):
+            assert (await client.publish(event))[2] is True
+    finally:
+        await client.close()
+        await relay.stop()
+    with sqlite3.connect(config.store.path) as conn:
+        add_counts(conn, FORMER, 12, 5, success_at=1_700_000_000)
+        record_error(conn, FORMER, 1_700_000_100, "peer went away")
+    notes = parse_specs([{"table": "notes", "kind": 1, "primary_key": ["id"],
+                          "fields": [{"name": "id", "type": "TEXT", "source": "id"}]}])
+    peers = make_config(tmp_path, sync={"peers": [{"url": CONFIGURED, "direction": "down",
+                                                   "filter": {"kinds": [1]}}]}).sync
+    return dataclasses.replace(config, projectors=(config.projectors[0], *notes), sync=peers)
+
+
+def test_status_json_has_sizes_kinds_projectors_and_peers(status_config, capsys):
+    """--json: db and WAL sizes, events by kind, every projector's state, configured and former peers."""
+    assert run_status(status_config, as_json=True) == 0
+    status = json.loads(capsys.readouterr().out)
+    db = status["database"]
+    assert db["path"] == status_config.store.path and db["bytes"] > 0 and db["wal_bytes"] >= 0
+    assert db["schema_version"] >= 4
+    assert status["events"] == {"total": 6, "by_kind": {"1": 3, "0": 2, "7": 1}}
+    by_name = {p["name"]: p for p in status["projectors"]}
+    assert by_name["profiles"] == {"name": "profiles", "kind": 0, "revision": 1, "state": "current", "rows": 1,
+                                   "refusals": 1, "tables": ["profiles"]}
+    assert by_name["notes"]["state"] == "pending (new)" and by_name["notes"]["rows"] == 0
+    for name in ("follows", "relay_lists", "articles"):
+        assert by_name[name]["state"] == "removed from the configuration (table kept)"
+    assert [p["name"] for p in status["projectors"]][:2] == ["profiles", "notes"]  # configured ones first
+    configured, former = status["peers"]
+    assert configured["url"] == CONFIGURED and configured["configured"] is True
+    assert (configured["direction"], configured["filter"]) == ("down", {"kinds": [1]})
+    assert former["url"] == FORMER and former["configured"] is False
+    assert (former["events_in"], former["events_out"], former["last_success"]) == (12, 5, 1_700_000_000)
+    assert (former["last_error"], former["last_error_at"]) == ("peer went away", 1_700_000_100)
+
+
+def test_status_text_shows_the_same(status_config, capsys):
+    """Without --json: one readable line per kind, projector and peer fact."""
+    assert run_status(status_config, as_json=False) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"database {status_config.store.path}: ") and "WAL" in lines[0]
+    assert lines[1:5] == ["events: 6", "  kind     1: 3", "  kind     0: 2", "  kind     7: 1"]
+    assert lines.index("projectors: 5") > lines.index("sync peers: 2")  # after the peers
+    assert "  profiles (kind 0, revision 1): current, 1 rows, 1 refusals" in lines
+    assert "  notes (kind 1, revision 1): pending (new), 0 rows, 0 refusals" in lines
+    assert ("  follows (kind 3, revision 1): removed from the configuration (table kept), 0 rows, 0 refusals"
+            in lines)
+    assert "sync peers: 2" in lines
+    assert f'  {CONFIGURED} (down, filter {{"kinds": [1]}})' in lines
+    assert f"  {FORMER} (not configured)" in lines
+    assert "    events in 12, out 5" in lines
+    assert any(line.startswith("    last error ") and line.endswith(": peer went away") for line in lines)
+
+
+def test_status_without_a_database_exits_1(tmp_path, capsys):
+    """No file at store.path: exit 1 and a message, nothing on stdout."""
+    assert run_status(make_config(tmp_path / "none"), as_json=True) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and "no database" in err
