@@ -10,9 +10,11 @@ the file.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -172,15 +174,18 @@ def _parse_peers(value: Any) -> tuple[PeerConfig, ...]:
             if type(filter_obj) is str:
                 filter_obj = json.loads(filter_obj)
             parsed = parse_filter(filter_obj)
-        except (ValueError, Rejection) as exc:
+            # Sent to the peer as JSON: a TOML datetime or a NaN (ignored keys) has no JSON form.
+            filter_json = json.dumps(filter_obj, separators=(",", ":"), sort_keys=True, allow_nan=False)
+        except RecursionError:
+            raise ConfigError(f"{name}.filter: nested too deeply") from None
+        except (ValueError, TypeError, Rejection) as exc:
             raise ConfigError(f"{name}.filter: {exc}") from None
         if parsed.limit is not None:
             raise ConfigError(f"{name}.filter: limit has no meaning for sync")
         pubkey = table.get("pubkey", "")
         if pubkey != "" and not is_hex64(pubkey):
             raise ConfigError(f"{name}.pubkey: must be 64 lowercase hex characters, got {pubkey!r}")
-        peers.append(PeerConfig(url, direction, json.dumps(filter_obj, separators=(",", ":"), sort_keys=True),
-                                pubkey))
+        peers.append(PeerConfig(url, direction, filter_json, pubkey))
     return tuple(peers)
 
 
@@ -263,6 +268,7 @@ _MINIMUM.update({("negentropy", "frame_size_limit"): 4096,  # the engine's MIN_F
                  ("negentropy", "max_sessions_per_connection"): 1, ("negentropy", "idle_timeout_seconds"): 0.1})
 
 
+@cache  # called per key: building the section's defaults each time cost most of a load
 def _section_types(section: str) -> dict[str, type]:
     cls = {f.name: f.default_factory for f in dataclasses.fields(Config)}[section]
     return {f.name: type(getattr(cls(), f.name)) for f in dataclasses.fields(cls)}
@@ -276,9 +282,12 @@ def _check_value(section: str, key: str, value: Any) -> Any:
     expected = _section_types(section)[key]
     name = f"{section}.{key}"
     if expected is float and type(value) is int:
-        value = float(value)
+        value = float(value) if abs(value) < 2**1023 else math.inf  # no OverflowError past double range
     if type(value) is not expected:
         raise ConfigError(f"{name}: expected {expected.__name__}, got {type(value).__name__} {value!r}")
+    if expected is float and not math.isfinite(value):
+        # nan passes every `<` check; inf overflows asyncio timers.
+        raise ConfigError(f"{name}: must be a finite number, got {value!r}")
     if expected in (int, float) and value < _MINIMUM.get((section, key), 0):
         raise ConfigError(f"{name}: must be >= {_MINIMUM.get((section, key), 0)}, got {value!r}")
     choices = _CHOICES.get((section, key))
@@ -295,6 +304,9 @@ def _parse_env_value(section: str, key: str, text: str) -> Any:
         raise ConfigError(f"{section}.{key}: lists and tables come from the configuration file only")
     if expected is str:
         return text
+    if not text.isascii():
+        # int() and float() also read other scripts' digits ("٣" is 3).
+        raise ConfigError(f"{section}.{key}: expected {expected.__name__}, got {text!r}")
     if expected is bool:
         if text.lower() not in ("true", "false", "1", "0"):
             raise ConfigError(f"{section}.{key}: expected true or false, got {text!r}")
