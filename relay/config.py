@@ -65,6 +65,8 @@ class LimitsConfig:
     max_events_in_flight: int = 1_024
     max_live_queue: int = 2_048
     max_live_queue_bytes: int = 16_777_216
+    max_query_rows: int = 10_000  # events one REQ returns at most, all filters together
+    query_timeout_seconds: float = 5.0  # database time of one REQ or COUNT; 0: unbounded
 
     def event_limits(self) -> EventLimits:
         """The per-event limits `parse_event` checks."""
@@ -262,7 +264,8 @@ _MINIMUM_SYNC = {"frame_size_limit": 4096, "fetch_batch": 1, "fetch_in_flight": 
                  "lease_seconds": 1.0}
 _MINIMUM = {("server", "port"): 0, ("store", "read_connections"): 1, ("store", "verify_threads"): 1,
             ("store", "max_batch"): 1, ("store", "writer_queue_size"): 1,
-            ("store", "max_projector_refusals"): 1, ("store", "projector_rebuild_batch"): 1}
+            ("store", "max_projector_refusals"): 1, ("store", "projector_rebuild_batch"): 1,
+            ("limits", "max_query_rows"): 1}
 _MINIMUM.update({("sync", key): low for key, low in _MINIMUM_SYNC.items()})
 _MINIMUM.update({("negentropy", "frame_size_limit"): 4096,  # the engine's MIN_FRAME_SIZE_LIMIT
                  ("negentropy", "max_sessions_per_connection"): 1, ("negentropy", "idle_timeout_seconds"): 0.1})

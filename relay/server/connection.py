@@ -217,7 +217,8 @@ class Connection:
             # One stored query at a time per connection: a client cannot hold every
             # read connection, nor more than one result set in memory.
             async with self._query_slot:
-                stored = await self.relay.store.query(sub.filters, self._limits.default_limit, self._limits.max_limit)
+                stored = await self.relay.store.query(sub.filters, self._limits.default_limit, self._limits.max_limit,
+                                                      self._limits.max_query_rows, self._limits.query_timeout_seconds)
             for start in range(0, len(stored), _STORED_CHUNK):
                 await self.send_many([encode_event(sub.sub_id, raw) for raw in stored[start:start + _STORED_CHUNK]])
             await self.send(encode_eose(sub.sub_id))
@@ -230,7 +231,7 @@ class Connection:
         except ConnectionClosed:
             pass
         except Exception as exc:
-            message = self.relay.internal_error("req_failed", exc, sub_id=sub.sub_id)
+            message = self._query_failure("req_failed", exc, sub_id=sub.sub_id)
             self._unsubscribe(sub.sub_id)
             try:
                 await self.send(encode_closed(sub.sub_id, message))
@@ -243,11 +244,15 @@ class Connection:
     async def _count(self, req: CountEnvelope) -> None:
         try:
             async with self._query_slot:
-                count = await self.relay.store.count(req.filters)
+                count = await self.relay.store.count(req.filters, self._limits.query_timeout_seconds)
         except Exception as exc:
-            await self.send(encode_closed(req.sub_id, self.relay.internal_error("count_failed", exc)))
+            await self.send(encode_closed(req.sub_id, self._query_failure("count_failed", exc)))
             return
         await self.send(encode_count(req.sub_id, count))
+
+    def _query_failure(self, what: str, exc: Exception, **fields) -> str:
+        # A Rejection is a query past its time bound (relay/store/bounds.py); anything else is a bug.
+        return str(exc) if isinstance(exc, Rejection) else self.relay.internal_error(what, exc, **fields)
 
     def _unsubscribe(self, sub_id: str) -> None:
         sub = self.subscriptions.pop(sub_id, None)

@@ -109,16 +109,22 @@ def compile_count(f: Filter, now: int) -> Compiled:
     return Compiled(f"SELECT {distinct}e.seq {from_clause} WHERE {where}", tuple(params))
 
 
-def run_query(conn: sqlite3.Connection, compiled: list[Compiled]) -> list[bytes]:
-    """Run the statements of one REQ and merge them: raw events newest first, each id once."""
+def run_query(conn: sqlite3.Connection, compiled: list[Compiled], max_rows: int | None = None) -> list[bytes]:
+    """Run the statements of one REQ and merge them: raw events newest first, each id once, at most `max_rows`.
+
+    Each statement's own LIMIT should not exceed `max_rows`: the merge then
+    holds at most twice `max_rows` rows, however many filters the REQ has.
+    """
     if len(compiled) == 1:
         c = compiled[0]
-        return [row[2] for row in conn.execute(c.sql, c.params)]
+        return [row[2] for row in conn.execute(c.sql, c.params)][:max_rows]
     rows = {}
     for c in compiled:
         for created_at, id_, raw in conn.execute(c.sql, c.params):
             rows[id_] = (-created_at, id_, raw)
-    return [row[2] for row in sorted(rows.values())]
+        if max_rows is not None and len(rows) > max_rows:
+            rows = {row[1]: row for row in sorted(rows.values())[:max_rows]}  # keep the newest
+    return [row[2] for row in sorted(rows.values())[:max_rows]]
 
 
 def run_count(conn: sqlite3.Connection, compiled: list[Compiled]) -> int:

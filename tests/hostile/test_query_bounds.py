@@ -1,0 +1,86 @@
+"""Expensive queries are bounded: database time per REQ/COUNT, rows per REQ; the writer never waits on readers."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from relay.protocol.event import parse_event
+from relay.protocol.filters import Filter
+from relay.server.app import Relay
+from tests.conftest import make_config
+from tests.helpers import Client
+from tests.hostile.fuzzing import real_events
+
+STORED = 1_000
+
+
+async def _relay_with_events(tmp_path, **limits) -> Relay:
+    """A started relay holding the first STORED real events (written through the store, signatures aside)."""
+    relay = Relay(make_config(tmp_path, limits=limits))
+    await relay.start()
+    events = [parse_event(e, relay.event_limits, time.time()) for e in real_events(STORED)]
+    await asyncio.gather(*(relay.store.submit(e) for e in events))
+    return relay
+
+
+async def test_query_past_its_time_bound_gets_closed_error_and_the_connection_goes_on(tmp_path):
+    """A REQ or COUNT scanning 1,000 events past a 1 ns bound gets CLOSED "error:"; an id lookup still answers."""
+    relay = await _relay_with_events(tmp_path, query_timeout_seconds=1e-9)
+    client = await Client.connect(relay.url)
+    try:
+        await client.send(["REQ", "scan", {"since": 0, "limit": 5000}])
+        assert await client.recv() == ["CLOSED", "scan", "error: query took too long (max 1e-09 s)"]
+        await client.send(["COUNT", "count", {"since": 0}])
+        assert await client.recv() == ["CLOSED", "count", "error: query took too long (max 1e-09 s)"]
+        # Fewer than PROGRESS_STEPS SQLite instructions: never checked, never aborted.
+        wanted = real_events(STORED)[-1]
+        assert [e["id"] for e in await client.req("lookup", {"ids": [wanted["id"]]})] == [wanted["id"]]
+    finally:
+        await client.close()
+        await relay.stop()
+
+
+async def test_req_with_1000_filters_returns_at_most_max_query_rows_newest_events(tmp_path):
+    """1,000 filters of limit 5,000 over 1,000 events: only the newest `max_query_rows` (50) come back, in order."""
+    relay = await _relay_with_events(tmp_path, max_filters=1000, max_query_rows=50)
+    client = await Client.connect(relay.url)
+    try:
+        newest = [e["id"] for e in await client.req("one", {"limit": 50})]
+        filters = [{"since": k, "limit": 5000} for k in range(1000)]
+        got = [e["id"] for e in await client.req("many", *filters)]
+        assert len(newest) == 50 and got == newest
+    finally:
+        await client.close()
+        await relay.stop()
+
+
+async def test_writes_are_acknowledged_while_a_read_transaction_is_stuck_mid_query(tmp_path, alice):
+    """A read connection held inside a query (an open snapshot) never stops EVENTs from getting OK true (WAL)."""
+    relay = await _relay_with_events(tmp_path)
+    reading, release = threading.Event(), threading.Event()
+
+    def stuck_scan(conn):
+        cursor = conn.execute("SELECT raw FROM events ORDER BY created_at")
+        first = cursor.fetchone()  # the statement is running: its snapshot is pinned
+        reading.set()
+        release.wait(30)
+        return first, conn.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+
+    stuck = asyncio.create_task(relay.store.read_snapshot(stuck_scan))
+    client = await Client.connect(relay.url)
+    try:
+        assert await asyncio.to_thread(reading.wait, 30)
+        before = await relay.store.count([Filter()])
+        published = [alice.sign(content=f"during the read {k}") for k in range(5)]
+        for event in published:
+            assert await client.publish(event) == ["OK", event["id"], True, ""]
+        assert {e["id"] for e in await client.req("back", {"authors": [alice.pubkey]})} == {e["id"] for e in published}
+        assert not stuck.done()
+    finally:
+        release.set()
+        _, seen = await stuck
+        await client.close()
+        await relay.stop()
+    assert seen == before  # the stuck reader kept its snapshot: it saw none of the writes
