@@ -57,6 +57,16 @@ _ID_SLICE = slice(7, 71)  # the id inside our canonical JSON: {"id":"<64 hex>",.
 _STORED_CHUNK = 64  # stored events written per flow-control wait
 
 
+def _is_utf8(data: str | bytes) -> bool:
+    if isinstance(data, str):
+        return True
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 class LiveSubscription:
     """A REQ's live side; holds events in `pending` until its EOSE is sent."""
 
@@ -136,6 +146,11 @@ class Connection:
             elif type(envelope) in (NegOpenEnvelope, NegMsgEnvelope, NegCloseEnvelope):
                 await self.negentropy.handle(envelope)  # NIP-77, answered in order
         except MessageError as err:
+            if not err.verb and not _is_utf8(message):
+                # RFC 6455 7.1.7/8.1: a message that is not UTF-8 fails the connection with 1007. Checked only
+                # here, after the JSON decoders failed, so valid frames are never decoded twice.
+                await self.ws.close(1007, "invalid UTF-8")
+                return
             await self._answer_error(err)
         except ConnectionClosed:
             raise

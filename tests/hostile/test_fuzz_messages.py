@@ -89,6 +89,8 @@ def _parse_fully(frame: str | bytes) -> None:
     except MessageError as err:
         assert err.prefix == "invalid" and err.reason
         return
+    if isinstance(frame, bytes):
+        frame.decode()  # only UTF-8 frames make envelopes
     if type(envelope) is EventEnvelope:
         try:
             event = parse_event(envelope.event, LIMITS, time.time())
@@ -110,6 +112,7 @@ def _parse_fully(frame: str | bytes) -> None:
 @example('["REQ","s",{"since":1e400}]')
 @example('["EVENT",{"id":NaN}]')
 @example(b'["REQ","\xff",{}]')
+@example(b'["EVENT",{"content":"\xed\xa0\x80"}]')  # a UTF-8-encoded surrogate: not UTF-8, no envelope
 def test_fuzz_client_messages_raise_only_message_error(frame):
     """Any text frame parses into an envelope or raises MessageError "invalid:"; events and filters within too."""
     _parse_fully(frame)
