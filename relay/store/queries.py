@@ -127,8 +127,15 @@ def run_query(conn: sqlite3.Connection, compiled: list[Compiled], max_rows: int 
     return [row[2] for row in sorted(rows.values())[:max_rows]]
 
 
+_COMPOUND_TERMS = 250  # SELECTs per UNION, under SQLite's default SQLITE_MAX_COMPOUND_SELECT of 500
+
+
 def run_count(conn: sqlite3.Connection, compiled: list[Compiled]) -> int:
     """NIP-45: the number of distinct live events matching any of the `compile_count` statements."""
-    union = " UNION ".join(c.sql for c in compiled)  # UNION: an event matched twice counts once
+    selects = [c.sql for c in compiled]
+    while len(selects) > _COMPOUND_TERMS:  # nest: each UNION stays within SQLite's limit on terms
+        selects = [f"SELECT seq FROM ({' UNION '.join(selects[k:k + _COMPOUND_TERMS])})"
+                   for k in range(0, len(selects), _COMPOUND_TERMS)]
+    union = " UNION ".join(selects)  # UNION: an event matched twice counts once
     params = tuple(p for c in compiled for p in c.params)
     return conn.execute(f"SELECT COUNT(*) FROM ({union})", params).fetchone()[0]

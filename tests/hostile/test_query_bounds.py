@@ -42,8 +42,11 @@ async def test_query_past_its_time_bound_gets_closed_error_and_the_connection_go
         await relay.stop()
 
 
-async def test_req_with_1000_filters_returns_at_most_max_query_rows_newest_events(tmp_path):
-    """1,000 filters of limit 5,000 over 1,000 events: only the newest `max_query_rows` (50) come back, in order."""
+async def test_req_with_1000_filters_returns_at_most_max_query_rows_and_count_takes_600(tmp_path):
+    """1,000 filters of limit 5,000 over 1,000 events: only the newest `max_query_rows` (50) come back, in order.
+
+    And a COUNT of 600 filters counts what one filter with the 600 kinds counts.
+    """
     relay = await _relay_with_events(tmp_path, max_filters=1000, max_query_rows=50)
     client = await Client.connect(relay.url)
     try:
@@ -51,6 +54,13 @@ async def test_req_with_1000_filters_returns_at_most_max_query_rows_newest_event
         filters = [{"since": k, "limit": 5000} for k in range(1000)]
         got = [e["id"] for e in await client.req("many", *filters)]
         assert len(newest) == 50 and got == newest
+        # COUNT with more filters than SQLite allows terms in one UNION (500): once "error: internal".
+        await client.send(["COUNT", "by_kind", *[{"kinds": [k]} for k in range(600)]])
+        by_kind = await client.recv()
+        await client.send(["COUNT", "at_once", {"kinds": list(range(600))}])
+        at_once = await client.recv()
+        assert by_kind[:2] == ["COUNT", "by_kind"] and at_once[:2] == ["COUNT", "at_once"]
+        assert by_kind[2]["count"] == at_once[2]["count"] > 0
     finally:
         await client.close()
         await relay.stop()
