@@ -164,6 +164,11 @@ CASES = [
     Case("neg_msg_no_message", json.dumps(["NEG-MSG", "s"]), ("NEG-ERR", "invalid:")),
     Case("neg_open_odd_hex", json.dumps(["NEG-OPEN", "s", {}, "6"]), ("NEG-ERR", "invalid:")),
     Case("neg_open_bad_version", json.dumps(["NEG-OPEN", "s", {}, "ff"]), ("NEG-ERR", "invalid:")),
+    Case("neg_open_limit_2_70", json.dumps(["NEG-OPEN", "s", {"limit": 2**70}, "61"]), ("NEG-ERR", "invalid:")),
+    Case("neg_open_since_int64_max", json.dumps(["NEG-OPEN", "s", {"since": 2**63 - 1}, "6100000200"]), ("NEG-MSG",)),
+    Case("neg_open_unindexed_until_0", json.dumps(["NEG-OPEN", "s", {"kinds": [1], "until": 0}, "6100000200"]),
+         ("NEG-MSG",)),
+    Case("neg_open_huge_varint", json.dumps(["NEG-OPEN", "s", {}, "61" + "ff" * 12 + "01"]), ("NEG-ERR", "invalid:")),
 ]
 
 

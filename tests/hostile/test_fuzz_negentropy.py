@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from relay.protocol.negentropy import Negentropy, NegentropyError, SortedVector
-from relay.store.negentropy_index import IndexReader, IndexView
+from relay.store.negentropy_index import IndexReader, IndexView, window_segments
 from tests.hostile.fuzzing import examples
 from tests.store.test_negentropy_index import open_index, write
 
@@ -68,13 +68,15 @@ MESSAGES = st.one_of(st.binary(max_size=100), st.binary(max_size=100).map(lambda
 
 
 @pytest.fixture(scope="module")
-def index_storage(tmp_path_factory):
-    """An IndexView over the SQLite negentropy index holding `_items()` (small nodes: several levels)."""
+def index_reader(tmp_path_factory):
+    """A reader of the SQLite negentropy index holding `_items()` (small nodes: several levels)."""
     conn, _, number = open_index(tmp_path_factory.mktemp("neg") / "fuzz-neg.db", max_children=16)
     write(conn, number, _items(), max_children=16)
-    reader = IndexReader(conn, number)
-    yield IndexView(reader, [(0, reader.size)])
+    yield IndexReader(conn, number)
     conn.close()
+
+
+_TIMES = st.none() | st.integers(T0 - 2, T0 + 42) | st.sampled_from([0, 2**63 - 1])
 
 
 def _respond(storage, message: bytes, frame_size_limit: int) -> None:
@@ -94,10 +96,13 @@ def test_fuzz_responder_over_sorted_vector_raises_only_negentropy_error(message,
 
 
 @examples(100)
-@given(message=MESSAGES, frame_size_limit=st.sampled_from([0, 4096]))
-def test_fuzz_responder_over_sqlite_index_raises_only_negentropy_error(index_storage, message, frame_size_limit):
-    """Any message to the responder (SQLite index) is answered within the frame limit or raises NegentropyError."""
-    _respond(index_storage, message, frame_size_limit)
+@given(message=MESSAGES, frame_size_limit=st.sampled_from([0, 4096]), since=_TIMES, until=_TIMES,
+       limit=st.none() | st.integers(0, 400) | st.just(2**63 - 1))
+def test_fuzz_responder_over_sqlite_index_raises_only_negentropy_error(index_reader, message, frame_size_limit,
+                                                                       since, until, limit):
+    """Any message to the responder (SQLite index, any since/until/limit window) is answered or raises NegentropyError."""
+    storage = IndexView(index_reader, window_segments(index_reader, since, until, limit))
+    _respond(storage, message, frame_size_limit)
 
 
 @examples(150)
