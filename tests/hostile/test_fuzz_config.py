@@ -115,7 +115,7 @@ def tmp_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("config")
 
 
-@examples(50)
+@examples(40)
 @given(text=mutated_relay_toml(), env=ENVIRONMENTS)
 @example(text="[server]\nshutdown_timeout_seconds = " + "9" * 400, env={})
 @example(text='[[sync.peers]]\nurl = "ws://a"\nfilter = "' + "[" * 100_000 + '"', env={})

@@ -105,7 +105,7 @@ def _parse_fully(frame: str | bytes) -> None:
         bytes.fromhex(envelope.initial_message_hex)
 
 
-@examples(150)
+@examples(100)
 @given(FRAMES)
 @example("[" * 100_000)
 @example('["REQ","s",{"limit":' + "9" * 5000 + "}]")
@@ -125,7 +125,7 @@ def test_fuzz_binary_frames_raise_only_message_error(frame):
     _parse_fully(frame)
 
 
-@examples(150)
+@examples(100)
 @given(real_filter() | JSON_VALUES)
 def test_fuzz_filters_raise_only_rejection(obj):
     """parse_filter returns a Filter whose SQL runs, or raises Rejection "invalid:"."""
@@ -138,7 +138,7 @@ def test_fuzz_filters_raise_only_rejection(obj):
     _check_filter_runs(f)
 
 
-@examples(150)
+@examples(100)
 @given(mutated_event() | JSON_VALUES)
 def test_fuzz_events_raise_only_rejection(obj):
     """parse_event returns an Event or raises Rejection "invalid:", whatever the object."""
