@@ -134,6 +134,9 @@ def test_fuzz_config_bytes_raise_only_config_error(tmp_dir, data):
     _load(tmp_dir, data, {})
 
 
+_PROJECTOR = '[[projectors]]\ntable = "notes"\nkind = 1\nfields = [{ name = "id", type = "TEXT", source = "id" }]\nprimary_key = ["id"]\n'
+
+
 @pytest.mark.parametrize("text, env, key", [
     ("[sync]\ninterval_seconds = nan", {}, "sync.interval_seconds"),
     ("[server]\nshutdown_timeout_seconds = inf", {}, "server.shutdown_timeout_seconds"),
@@ -142,9 +145,15 @@ def test_fuzz_config_bytes_raise_only_config_error(tmp_dir, data):
     ('[[sync.peers]]\nurl = "ws://a"\nfilter = {note = 1979-05-27}', {}, "sync.peers[0].filter"),
     ('[[sync.peers]]\nurl = "ws://a"\nfilter = "' + "[" * 100_000 + '"', {}, "sync.peers[0].filter"),
     ("", {"RELAY_SERVER__PORT": "٣"}, "server.port"),
+    (_PROJECTOR.replace('["id"]', "[[]]"), {}, "projectors: projector 'notes'"),
+    (_PROJECTOR + 'indexes = [["id", []]]\n', {}, "projectors: projector 'notes'"),
+    (_PROJECTOR + "revision = " + str(2**70) + "\n", {}, "projectors: projector 'notes'"),
+    (_PROJECTOR.replace("]\nprimary", ', { name = "n", type = "INTEGER", source = "content.n", default = '
+                        + str(2**63) + " }]\nprimary"), {}, "projectors: projector 'notes', field 'n'"),
 ])
 def test_bad_values_found_by_fuzzing_name_their_key(tmp_path, text, env, key):
-    """NaN or infinite seconds, an integer past double range, a datetime or a 100,000-deep JSON filter, non-ASCII digits: refused."""
+    """Refused with ConfigError: NaN or infinite seconds, an integer past double range, a datetime or a 100,000-deep
+    JSON filter, non-ASCII digits, a projector key or index naming a list, a revision or default past 64 bits."""
     path = tmp_path / "relay.toml"
     path.write_text(text, encoding="utf-8")
     with pytest.raises(ConfigError, match=re.escape(key)):
