@@ -209,6 +209,7 @@ class NegentropyConfig:
     max_session_items: int = 4_000_000
     max_sessions_per_connection: int = 8
     idle_timeout_seconds: float = 60.0
+    cache_items: int = 2_000_000
     filters: tuple[dict, ...] = ()
 
 
@@ -268,7 +269,8 @@ _MINIMUM = {("server", "port"): 0, ("store", "read_connections"): 1, ("store", "
             ("limits", "max_query_rows"): 1}
 _MINIMUM.update({("sync", key): low for key, low in _MINIMUM_SYNC.items()})
 _MINIMUM.update({("negentropy", "frame_size_limit"): 4096,  # the engine's MIN_FRAME_SIZE_LIMIT
-                 ("negentropy", "max_sessions_per_connection"): 1, ("negentropy", "idle_timeout_seconds"): 0.1})
+                 ("negentropy", "max_sessions_per_connection"): 1, ("negentropy", "idle_timeout_seconds"): 0.1,
+                 ("negentropy", "cache_items"): 0})
 
 
 @cache  # called per key: building the section's defaults each time cost most of a load

@@ -44,7 +44,7 @@ from relay.protocol.envelopes import (
 )
 from relay.protocol.filters import Filter
 from relay.protocol.negentropy import Negentropy, NegentropyError, SortedVector
-from relay.store.negentropy_index import NegentropyIndex, query_vector, reconcile_from_index
+from relay.store.negentropy_index import GroupCache, NegentropyIndex, query_vector, reconcile_from_index
 from relay.store.store import Store
 
 log = structlog.get_logger(__name__)
@@ -65,6 +65,7 @@ class NegentropyService:
         self.config = config
         self.store = store
         self.index = next((h for h in store.hooks if isinstance(h, NegentropyIndex)), None)
+        self.cache = GroupCache(config.cache_items)
         self.items_held = 0
         self.internal_error = internal_error
 
@@ -212,7 +213,7 @@ class ConnectionSessions:
         if session.vector is not None:
             return Negentropy(session.vector, frame_size_limit).reconcile(message)
         return await self.service.store.read_snapshot(
-            reconcile_from_index, session.filter_no, session.filter, message, frame_size_limit)
+            reconcile_from_index, session.filter_no, session.filter, message, frame_size_limit, self.service.cache)
 
     async def _message(self, envelope: NegMsgEnvelope) -> None:
         sub_id = envelope.sub_id
