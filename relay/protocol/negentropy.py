@@ -140,6 +140,8 @@ def encode_varint(n: int) -> bytes:
         return _ONE_BYTE[n]
     if n < 0:
         raise NegentropyError(f"cannot encode negative varint {n}")
+    if n < 0x4000:  # two digits: most timestamp deltas and bucket sizes
+        return bytes((0x80 | (n >> 7), n & 0x7F))
     out = [n & 0x7F]
     n >>= 7
     while n:
@@ -501,24 +503,29 @@ def range_fingerprints(lower: np.ndarray, upper: np.ndarray, counts: Sequence[in
 
 def limbs_sub(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """(a - b) mod 2**256 for (m, 8) little-endian uint32 limb arrays; returns (m, 8) uint32."""
-    diff = a.astype(np.int64) - b.astype(np.int64)
-    borrow = np.zeros(len(diff), dtype=np.int64)
-    for j in range(8):
-        column = diff[:, j] - borrow
-        borrow = (column < 0).astype(np.int64)
-        diff[:, j] = column + (borrow << 32)
-    return diff.astype("<u4")
+    x, y = _words(a), _words(b)
+    out = np.empty_like(x)
+    borrow = np.zeros(len(x), dtype=bool)
+    for j in range(4):  # 64-bit words: two limbs each, little-endian
+        out[:, j] = x[:, j] - y[:, j] - borrow
+        borrow = (x[:, j] < y[:, j]) | ((x[:, j] == y[:, j]) & borrow)
+    return out.view("<u4")
 
 
 def limbs_add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """(a + b) mod 2**256 for (m, 8) little-endian uint32 limb arrays; returns (m, 8) uint32."""
-    total = a.astype(np.uint64) + b.astype(np.uint64)
-    carry = np.zeros(len(total), dtype=np.uint64)
-    for j in range(8):
-        column = total[:, j] + carry
-        carry = column >> np.uint64(32)
-        total[:, j] = column & np.uint64(0xFFFFFFFF)
-    return total.astype("<u4")
+    x, y = _words(a), _words(b)
+    out = np.empty_like(x)
+    carry = np.zeros(len(x), dtype=bool)
+    for j in range(4):
+        out[:, j] = x[:, j] + y[:, j] + carry
+        carry = (out[:, j] < x[:, j]) | ((out[:, j] == x[:, j]) & carry)
+    return out.view("<u4")
+
+
+def _words(limbs: np.ndarray) -> np.ndarray:
+    """(m, 8) uint32 limbs as (m, 4) little-endian uint64 words (a view when contiguous)."""
+    return np.ascontiguousarray(limbs, dtype="<u4").view("<u8")
 
 
 def minimal_bounds(before: tuple[np.ndarray, np.ndarray], at: tuple[np.ndarray, np.ndarray]) -> list[Bound]:

@@ -18,6 +18,13 @@ one of two places:
   of `max_session_items` held by all sessions together (past it, NEG-ERR
   "blocked: ...").  Later messages are answered from memory.
 
+A connection that may not read every private kind (NIP-42; see
+relay/server/access.py) is never served from an index holding events it may
+not see: with the full-set filter and no private event visible to it (not
+authenticated), from the public set (every event but the private kinds',
+indexed alongside); otherwise from a SortedVector built by a query that
+leaves out the private events it may not see.
+
 Every message re-arms the session's idle timer; after `idle_timeout_seconds`
 without one the session ends with NEG-ERR "closed: ...".  Any NEG-ERR ends the
 session (NIP-77).  The connection's read loop awaits each NEG message before
@@ -44,6 +51,7 @@ from relay.protocol.envelopes import (
 )
 from relay.protocol.filters import Filter
 from relay.protocol.negentropy import Negentropy, NegentropyError, SortedVector
+from relay.server.access import ConnectionAccess
 from relay.store.negentropy_index import GroupCache, NegentropyIndex, query_vector, reconcile_from_index
 from relay.store.store import Store
 
@@ -69,9 +77,9 @@ class NegentropyService:
         self.items_held = 0
         self.internal_error = internal_error
 
-    def sessions_for(self, send: Send) -> ConnectionSessions:
-        """The sessions of one new connection; `send` writes one message to its socket."""
-        return ConnectionSessions(self, send)
+    def sessions_for(self, send: Send, access: ConnectionAccess) -> ConnectionSessions:
+        """The sessions of one new connection; `send` writes one message to its socket; `access` is its NIP-42 state."""
+        return ConnectionSessions(self, send, access)
 
     def reserve(self, wanted: int) -> int:
         """Take up to `wanted` items of the budget; returns how many were granted (maybe 0)."""
@@ -103,9 +111,10 @@ class _Refused(Exception):
 class ConnectionSessions:
     """The NIP-77 sessions of one connection: `handle` each NEG envelope, `close_all` at disconnect."""
 
-    def __init__(self, service: NegentropyService, send: Send) -> None:
+    def __init__(self, service: NegentropyService, send: Send, access: ConnectionAccess) -> None:
         self.service = service
         self._send = send
+        self._access = access
         self._sessions: dict[str, _Session] = {}
         self._closed = False
         self._tasks: set[asyncio.Task] = set()
@@ -159,8 +168,17 @@ class ConnectionSessions:
         if len(self._sessions) >= cap:
             await self.refuse(sub_id, f"blocked: too many negentropy sessions (max {cap})")
             return
-        index = self.service.index
-        session = _Session(sub_id, envelope.filter, None if index is None else index.filter_no(envelope.filter))
+        index, private = self.service.index, self._access.private
+        if index is None:
+            filter_no = None
+        elif private is None or not private.touches(envelope.filter):
+            filter_no = index.filter_no(envelope.filter)
+        elif not private.readers:  # sees no private event: the public set, if it is the full set asked for
+            filter_no = index.public_no(envelope.filter, private.kinds)
+        else:
+            filter_no = None  # sees some private events: a query leaves out the others'
+
+        session = _Session(sub_id, envelope.filter, filter_no)
         kept = False
         try:
             if session.filter_no is None:
@@ -198,7 +216,7 @@ class ConnectionSessions:
         session.held = granted = self.service.reserve(wanted)
         # One more row than granted tells "too many" apart from "exactly enough".
         fetch = granted if f.limit is not None and f.limit <= granted else granted + 1
-        vector = await self.service.store.read_snapshot(query_vector, f, fetch, int(time.time()))
+        vector = await self.service.store.read_snapshot(query_vector, f, fetch, int(time.time()), self._access.private)
         if vector.size() > granted:
             if granted < wanted:
                 raise _Refused("blocked: the relay holds too many negentropy items now, try again later")

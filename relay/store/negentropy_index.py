@@ -54,6 +54,7 @@ from itertools import islice
 
 import numpy as np
 
+from relay.protocol.auth import PrivateKinds
 from relay.protocol.filters import Filter
 from relay.protocol.negentropy import (
     ID_SIZE,
@@ -124,18 +125,31 @@ def _combine(limbs: Sequence[int]) -> int:
 # ---------------------------------------------------------------- write side
 
 
+def public_spec(private_kinds: Iterable[int]) -> str:
+    """`filter_spec` of the public set: every event but those of the NIP-42 private kinds (not a NIP-01 filter)."""
+    return "public:" + json.dumps({"excluded_kinds": sorted(set(private_kinds))}, separators=(",", ":"))
+
+
 class NegentropyIndex:
     """TransactionHook: the negentropy index of the full set and of `filters` (NIP-01 filters).
 
-    `filters` carry no since/until/limit (their spec ignores them).  Call
-    `filter_no(f)` after `setup` to learn whether a NEG-OPEN filter is indexed.
+    `filters` carry no since/until/limit (their spec ignores them).  With
+    `private_kinds` (NIP-42 private kinds, e.g. 4 and 1059), the public set,
+    every event of other kinds, is indexed too: it answers the full-set
+    NEG-OPEN of a reader who may see none of those kinds' events.  Call
+    `filter_no(f)` / `public_no()` after `setup` to learn what is indexed.
     """
 
-    def __init__(self, filters: Iterable[Filter] = (), max_children: int = MAX_CHILDREN) -> None:
+    def __init__(self, filters: Iterable[Filter] = (), max_children: int = MAX_CHILDREN,
+                 private_kinds: Iterable[int] = ()) -> None:
         if max_children < 4:
             raise ValueError("max_children must be at least 4")
         self.max_children = max_children
         self._filters: dict[str, Filter] = {FULL_SET_SPEC: Filter()}
+        self._private = frozenset(private_kinds)
+        self._public = public_spec(self._private) if self._private else None
+        if self._public:
+            self._filters[self._public] = Filter()  # matched by kind in `apply`, built by `_build`
         for f in filters:
             self._filters.setdefault(filter_spec(f), f)
         self._numbers: dict[str, int] = {}
@@ -148,6 +162,16 @@ class NegentropyIndex:
     def filter_no(self, f: Filter) -> int | None:
         """The `neg_filters.filter_no` whose index serves `f` (since/until/limit aside), or None."""
         return self._numbers.get(filter_spec(f))
+
+    def public_no(self, f: Filter, private_kinds: frozenset[int]) -> int | None:
+        """The index serving `f` to a reader who may see no event of `private_kinds`, or None.
+
+        Only the full-set filter `{}` (since/until/limit aside) is served, and
+        only when `private_kinds` are the ones this index leaves out.
+        """
+        if self._public is None or private_kinds != self._private or filter_spec(f) != FULL_SET_SPEC:
+            return None
+        return self._numbers.get(self._public)
 
     def setup(self, conn: sqlite3.Connection) -> None:
         """Bring the stored indexes in line with the configured filters, in one transaction.
@@ -171,7 +195,7 @@ class NegentropyIndex:
                 number = stored.get(spec)
                 if number is None:
                     number = conn.execute("INSERT INTO neg_filters (spec) VALUES (?)", (spec,)).lastrowid
-                    _build(conn, number, f, self.max_children // 2)
+                    _build(conn, number, spec, f, self.max_children // 2)
                 numbers[spec] = number
             conn.execute("COMMIT")
         except BaseException:
@@ -185,7 +209,12 @@ class NegentropyIndex:
         new = [((ev.created_at, bytes.fromhex(ev.id)), ev) for ev in inserted]
         gone = [(r.created_at, r.id) for r in removed]
         for spec, f in self._filters.items():
-            adds = [key for key, ev in new if spec == FULL_SET_SPEC or f.matches(ev)]
+            if spec == FULL_SET_SPEC:
+                adds = [key for key, _ in new]
+            elif spec == self._public:
+                adds = [key for key, ev in new if ev.kind not in self._private]
+            else:
+                adds = [key for key, ev in new if f.matches(ev)]
             if adds or gone:
                 update_items(cur, self._numbers[spec], adds, gone, self.max_children)
 
@@ -221,16 +250,22 @@ def _drop_filter(conn: sqlite3.Connection, number: int) -> None:
         conn.execute(f"DELETE FROM {table} WHERE filter_no = ?", (number,))
 
 
-def _build(conn: sqlite3.Connection, number: int, f: Filter, fill: int) -> None:
-    """Index every stored event matching `f` (expired ones too: they stay in `events` until the purge)."""
-    if filter_spec(f) == FULL_SET_SPEC:
-        cursor = conn.execute("SELECT created_at, id FROM events ORDER BY created_at, id")
-    else:
-        # limit -1: none (SQLite); now -1: before every expiration, which is >= 0.
-        compiled = compile_filter(f, -1, -1)
-        cursor = conn.execute(f"SELECT created_at, id FROM ({compiled.sql}) ORDER BY created_at, id",
-                              compiled.params)
-    build_nodes(conn, number, cursor, fill)
+def _build(conn: sqlite3.Connection, number: int, spec: str, f: Filter, fill: int) -> None:
+    """Index every stored event of `spec` (expired ones too: they stay in `events` until the purge)."""
+    build_nodes(conn, number, _matching(conn, spec, f, "ORDER BY created_at, id"), fill)
+
+
+def _matching(conn: sqlite3.Connection, spec: str, f: Filter, order: str = "") -> sqlite3.Cursor:
+    """(created_at, id) of the stored events of the indexed set `spec` (whose filter is `f`)."""
+    if spec == FULL_SET_SPEC:
+        return conn.execute(f"SELECT created_at, id FROM events {order}")
+    if spec.startswith("public:"):
+        kinds = json.loads(spec.removeprefix("public:"))["excluded_kinds"]
+        return conn.execute(f"SELECT created_at, id FROM events WHERE kind NOT IN ({', '.join('?' * len(kinds))})"
+                            f" {order}", kinds)
+    # limit -1: none (SQLite); now -1: before every expiration, which is >= 0.
+    compiled = compile_filter(f, -1, -1)
+    return conn.execute(f"SELECT created_at, id FROM ({compiled.sql}) {order}", compiled.params)
 
 
 def build_nodes(conn: sqlite3.Connection, number: int, items: Iterable[Key], fill: int = MAX_CHILDREN // 2) -> None:
@@ -653,23 +688,18 @@ class IndexReader:
 
     def lower_bounds(self, bounds: Sequence[Bound]) -> np.ndarray:
         """For each bound, the index of the first item >= it (size if none): int64, shape (m,)."""
-        result = np.empty(len(bounds), dtype=np.int64)
-        by_group: dict[int, list[int]] = {}
+        result = np.full(len(bounds), self.size, dtype=np.int64)
         query = np.fromiter((b.timestamp for b in bounds), dtype=np.uint64, count=len(bounds))
         groups = np.searchsorted(self._start_ts, query, side="right")  # last group starting at or before
         for k in np.flatnonzero(groups > 0).tolist():
             g = int(groups[k])
             if self._starts[g][0] == bounds[k].timestamp:  # ties on the start's timestamp: compare ids
                 groups[k] = self._group_of_key((bounds[k].timestamp, bounds[k].padded_id()))
-        for k, (g, bound) in enumerate(zip(groups.tolist(), bounds)):
-            if bound.timestamp >= INFINITY:
-                result[k] = self.size
-            else:
-                by_group.setdefault(g, []).append(k)
-        for g, positions in by_group.items():
+        finite = np.flatnonzero(query < np.uint64(INFINITY))
+        for g, positions in _by_group(groups[finite], finite):
             group = self._group(g)
             result[positions] = sorted_lower_bounds(group.timestamps, group.id_view,
-                                                    [bounds[k] for k in positions], self._counts[g])
+                                                    [bounds[k] for k in positions.tolist()], self._counts[g])
         return result
 
     def _split_indices(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -681,9 +711,8 @@ class IndexReader:
         indices = np.asarray(indices, dtype=np.int64)
         groups, offsets = self._split_indices(indices)
         local = np.zeros((len(indices), 8), dtype="<u4")
-        inside = np.flatnonzero(offsets > 0)
-        for g in np.unique(groups[inside]).tolist():
-            positions = inside[groups[inside] == g]
+        inside = np.flatnonzero(offsets > 0)  # offset 0: the group's own sum suffices, nothing to decode
+        for g, positions in _by_group(groups[inside], inside):
             local[positions] = self._group(g).prefix[offsets[positions]]
         return limbs_add(self._base[groups], local)
 
@@ -693,12 +722,21 @@ class IndexReader:
         groups, offsets = self._split_indices(indices)
         timestamps = np.empty(len(indices), dtype=np.uint64)
         ids = np.empty((len(indices), ID_SIZE), dtype=np.uint8)
-        for g in np.unique(groups).tolist():
-            positions = np.flatnonzero(groups == g)
+        for g, positions in _by_group(groups, np.arange(len(indices))):
             group = self._group(g)
             timestamps[positions] = group.timestamps[offsets[positions]]
             ids[positions] = group.ids[offsets[positions]]
         return timestamps, ids
+
+
+def _by_group(groups: np.ndarray, positions: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """(group, the positions whose group it is) for each group present; one sort, not one scan per group."""
+    order = np.argsort(groups, kind="stable")
+    groups, positions = groups[order], positions[order]
+    cuts = np.flatnonzero(groups[1:] != groups[:-1]) + 1
+    for start, end in zip([0, *cuts.tolist()], [*cuts.tolist(), len(groups)]):
+        if start < end:
+            yield int(groups[start]), positions[start:end]
 
 
 def window_segments(reader: IndexReader, since: int | None, until: int | None,
@@ -811,6 +849,8 @@ class IndexView:
         indices = np.asarray(indices, dtype=np.int64)
         if not self._segments:
             return np.zeros((len(indices), 8), dtype="<u4")
+        if len(self._segments) == 1 and self._segments[0][0] == 0:  # the common case: view = reader from 0
+            return self._reader.prefix_sums(indices)
         segment, at = self._globals(indices)
         # the segments before, whole, plus this one from its start
         return limbs_add(self._before[segment], limbs_sub(self._reader.prefix_sums(at), self._start_sums[segment]))
@@ -838,16 +878,18 @@ def reconcile_from_index(conn: sqlite3.Connection, number: int, f: Filter, messa
     return Negentropy(view, frame_size_limit).reconcile(message)
 
 
-def query_vector(conn: sqlite3.Connection, f: Filter, limit: int, now: int) -> SortedVector:
+def query_vector(conn: sqlite3.Connection, f: Filter, limit: int, now: int,
+                 private: PrivateKinds | None = None) -> SortedVector:
     """A sealed SortedVector of the (created_at, id) of the live events matching `f`, at most `limit`.
 
     The newest first when cut: the events a REQ for `f` with that limit
-    returns (NIP-01 order).  `now` is unix seconds, for NIP-40 expiry.
+    returns (NIP-01 order).  `now` is unix seconds, for NIP-40 expiry;
+    `private` leaves out the private kinds' events the reader may not see.
     Reads only (created_at, id), `_INDEXED_ITEMS_FETCH` rows at a time.
     """
     vector = SortedVector()
     if not f.is_empty() and limit > 0:
-        compiled = compile_filter(f, limit, now)
+        compiled = compile_filter(f, limit, now, private)
         cursor = conn.execute(f"SELECT created_at, id FROM ({compiled.sql})", compiled.params)
         while rows := cursor.fetchmany(_INDEXED_ITEMS_FETCH):
             timestamps = np.fromiter((r[0] for r in rows), dtype=np.uint64, count=len(rows))
@@ -861,13 +903,8 @@ def recompute(conn: sqlite3.Connection, spec: str) -> list[Key]:
     """What the index of `spec` should hold, recomputed from `events`: sorted (created_at, id) (for checks)."""
     from relay.protocol.filters import parse_filter  # only checks need it
 
-    f = parse_filter(json.loads(spec))
-    if spec == FULL_SET_SPEC:
-        rows = conn.execute("SELECT created_at, id FROM events").fetchall()
-    else:
-        compiled = compile_filter(f, -1, -1)
-        rows = conn.execute(f"SELECT created_at, id FROM ({compiled.sql})", compiled.params).fetchall()
-    return sorted((c, bytes(i)) for c, i in rows)
+    f = Filter() if spec == FULL_SET_SPEC or spec.startswith("public:") else parse_filter(json.loads(spec))
+    return sorted((c, bytes(i)) for c, i in _matching(conn, spec, f))
 
 
 def indexed_items(conn: sqlite3.Connection, number: int) -> list[Key]:

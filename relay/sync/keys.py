@@ -13,11 +13,10 @@ import orjson
 import structlog
 from coincurve import PrivateKey
 
+from relay.protocol.auth import AUTH_KIND
 from relay.protocol.event import serialize_for_id
 
 log = structlog.get_logger(__name__)
-
-AUTH_KIND = 22242  # NIP-42 client authentication
 
 
 class NodeKeyError(RuntimeError):

@@ -48,6 +48,8 @@ from relay.protocol.negentropy import (
     encode_message,
     encode_varint,
     fingerprint,
+    limbs_add,
+    limbs_sub,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -867,3 +869,21 @@ def test_our_initiator_against_nostr_tools_responder(
     assert cmp.need | peer_have == only_b
     js_responder.free()
     js_initiator_twin.free()
+
+
+_U256 = st.one_of(st.integers(0, 2**256 - 1), st.sampled_from([0, 1, 2**64 - 1, 2**64, 2**128 - 1, 2**256 - 1]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(pairs=st.lists(st.tuples(_U256, _U256), min_size=1, max_size=20))
+def test_limb_arithmetic_is_mod_2_256(pairs):
+    """limbs_add / limbs_sub on (m, 8) uint32 limbs equal Python's (a +/- b) mod 2**256, carries across every word."""
+    def limbs(values):
+        return np.frombuffer(b"".join(v.to_bytes(32, "little") for v in values), dtype="<u4").reshape(-1, 8)
+
+    def ints(arr):
+        return [int.from_bytes(row.tobytes(), "little") for row in arr]
+
+    a, b = limbs([x for x, _ in pairs]), limbs([y for _, y in pairs])
+    assert ints(limbs_add(a, b)) == [(x + y) % 2**256 for x, y in pairs]
+    assert ints(limbs_sub(a, b)) == [(x - y) % 2**256 for x, y in pairs]
