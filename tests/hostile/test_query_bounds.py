@@ -53,9 +53,10 @@ async def test_req_with_1000_filters_returns_at_most_max_query_rows_and_count_ta
         got = [e["id"] for e in await client.req("many", *filters)]
         assert len(newest) == 50 and got == newest
         # COUNT with more filters than SQLite allows terms in one UNION (500): once "error: internal".
-        await client.send(["COUNT", "by_kind", *[{"kinds": [k]} for k in range(600)]])
+        kinds = range(5, 605)  # not kind 4: served only to its authenticated author or recipient (NIP-42)
+        await client.send(["COUNT", "by_kind", *[{"kinds": [k]} for k in kinds]])
         by_kind = await client.recv()
-        await client.send(["COUNT", "at_once", {"kinds": list(range(600))}])
+        await client.send(["COUNT", "at_once", {"kinds": list(kinds)}])
         at_once = await client.recv()
         assert by_kind[:2] == ["COUNT", "by_kind"] and at_once[:2] == ["COUNT", "at_once"]
         assert by_kind[2]["count"] == at_once[2]["count"] > 0
