@@ -10,9 +10,11 @@ the file.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,8 @@ class LimitsConfig:
     max_events_in_flight: int = 1_024
     max_live_queue: int = 2_048
     max_live_queue_bytes: int = 16_777_216
+    max_query_rows: int = 10_000  # events one REQ returns at most, all filters together
+    query_timeout_seconds: float = 5.0  # database time of one REQ or COUNT; 0: unbounded
 
     def event_limits(self) -> EventLimits:
         """The per-event limits `parse_event` checks."""
@@ -182,15 +186,18 @@ def _parse_peers(value: Any) -> tuple[PeerConfig, ...]:
             if type(filter_obj) is str:
                 filter_obj = json.loads(filter_obj)
             parsed = parse_filter(filter_obj)
-        except (ValueError, Rejection) as exc:
+            # Sent to the peer as JSON: a TOML datetime or a NaN (ignored keys) has no JSON form.
+            filter_json = json.dumps(filter_obj, separators=(",", ":"), sort_keys=True, allow_nan=False)
+        except RecursionError:
+            raise ConfigError(f"{name}.filter: nested too deeply") from None
+        except (ValueError, TypeError, Rejection) as exc:
             raise ConfigError(f"{name}.filter: {exc}") from None
         if parsed.limit is not None:
             raise ConfigError(f"{name}.filter: limit has no meaning for sync")
         pubkey = table.get("pubkey", "")
         if pubkey != "" and not is_hex64(pubkey):
             raise ConfigError(f"{name}.pubkey: must be 64 lowercase hex characters, got {pubkey!r}")
-        peers.append(PeerConfig(url, direction, json.dumps(filter_obj, separators=(",", ":"), sort_keys=True),
-                                pubkey))
+        peers.append(PeerConfig(url, direction, filter_json, pubkey))
     return tuple(peers)
 
 
@@ -395,7 +402,8 @@ _MINIMUM_SYNC = {"frame_size_limit": 4096, "fetch_batch": 1, "fetch_in_flight": 
 _MINIMUM = {("server", "port"): 0, ("store", "read_connections"): 1, ("store", "verify_threads"): 1,
             ("store", "max_batch"): 1, ("store", "writer_queue_size"): 1,
             ("store", "max_projector_refusals"): 1, ("store", "projector_rebuild_batch"): 1,
-            ("retention", "interval_seconds"): 0.01, ("retention", "batch_size"): 1}
+            ("retention", "interval_seconds"): 0.01, ("retention", "batch_size"): 1,
+            ("limits", "max_query_rows"): 1}
 _MINIMUM.update({("sync", key): low for key, low in _MINIMUM_SYNC.items()})
 _MINIMUM.update({("negentropy", "frame_size_limit"): 4096,  # the engine's MIN_FRAME_SIZE_LIMIT
                  ("negentropy", "max_sessions_per_connection"): 1, ("negentropy", "idle_timeout_seconds"): 0.1,
@@ -404,6 +412,7 @@ _MINIMUM.update({("rate_limits", f"{scope}{what}_burst"): 1  # a token bucket ho
                  for scope in ("", "ip_") for what in ("events", "reqs", "neg_opens")})
 
 
+@cache  # called per key: building the section's defaults each time cost most of a load
 def _section_types(section: str) -> dict[str, type]:
     cls = {f.name: f.default_factory for f in dataclasses.fields(Config)}[section]
     return {f.name: type(getattr(cls(), f.name)) for f in dataclasses.fields(cls)}
@@ -424,9 +433,12 @@ def _check_value(section: str, key: str, value: Any) -> Any:
     expected = _section_types(section)[key]
     name = f"{section}.{key}"
     if expected is float and type(value) is int:
-        value = float(value)
+        value = float(value) if abs(value) < 2**1023 else math.inf  # no OverflowError past double range
     if type(value) is not expected:
         raise ConfigError(f"{name}: expected {expected.__name__}, got {type(value).__name__} {value!r}")
+    if expected is float and not math.isfinite(value):
+        # nan passes every `<` check; inf overflows asyncio timers.
+        raise ConfigError(f"{name}: must be a finite number, got {value!r}")
     if expected in (int, float) and value < _MINIMUM.get((section, key), 0):
         raise ConfigError(f"{name}: must be >= {_MINIMUM.get((section, key), 0)}, got {value!r}")
     choices = _CHOICES.get((section, key))
@@ -443,6 +455,9 @@ def _parse_env_value(section: str, key: str, text: str) -> Any:
         raise ConfigError(f"{section}.{key}: lists and tables come from the configuration file only")
     if expected is str:
         return text
+    if not text.isascii():
+        # int() and float() also read other scripts' digits ("٣" is 3).
+        raise ConfigError(f"{section}.{key}: expected {expected.__name__}, got {text!r}")
     if expected is bool:
         if text.lower() not in ("true", "false", "1", "0"):
             raise ConfigError(f"{section}.{key}: expected true or false, got {text!r}")

@@ -105,7 +105,7 @@ class MessageError(Rejection):
 
 
 def loads(data: str | bytes) -> object:
-    """Decode JSON, strictly with orjson, else with the stdlib (lone surrogates, big integers).
+    """Decode JSON, strictly with orjson, else with the stdlib (escaped lone surrogates, big integers).
 
     The fallback lets a message holding a lone surrogate or an out-of-range
     number be answered `OK false` / `CLOSED` with its id instead of a NOTICE;
@@ -119,7 +119,8 @@ def loads(data: str | bytes) -> object:
     except orjson.JSONDecodeError:
         pass
     try:
-        return json.loads(data)
+        # Decoded strictly here: json.loads(bytes) would let UTF-8-encoded surrogates through (surrogatepass).
+        return json.loads(data.decode() if isinstance(data, bytes) else data)
     except (ValueError, RecursionError):
         raise Rejection("invalid", "malformed JSON") from None
 

@@ -64,6 +64,16 @@ _ID_SLICE = slice(7, 71)  # the id inside our canonical JSON: {"id":"<64 hex>",.
 _STORED_CHUNK = 64  # stored events written per flow-control wait
 
 
+def _is_utf8(data: str | bytes) -> bool:
+    if isinstance(data, str):
+        return True
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _ok(ref: object, accepted: bool, message: str) -> bytes:
     """The OK answering an EVENT or AUTH whose id is `ref`; a NOTICE when `ref` is not an id."""
     return encode_ok(ref, accepted, message) if is_hex64(ref) else encode_notice(message)
@@ -173,6 +183,11 @@ class Connection:
             elif type(envelope) is AuthEnvelope:
                 await self._auth(envelope.event)
         except MessageError as err:
+            if not err.verb and not _is_utf8(message):
+                # RFC 6455 7.1.7/8.1: a message that is not UTF-8 fails the connection with 1007. Checked only
+                # here, after the JSON decoders failed, so valid frames are never decoded twice.
+                await self.ws.close(1007, "invalid UTF-8")
+                return
             await self._answer_error(err)
         except ConnectionClosed:
             raise
@@ -302,7 +317,9 @@ class Connection:
             async with self._query_slot:
                 with self.relay.metrics.req_seconds.time():
                     stored = await self.relay.store.query(sub.filters, self._limits.default_limit,
-                                                          self._limits.max_limit, self.access.private)
+                                                          self._limits.max_limit, self.access.private,
+                                                          self._limits.max_query_rows,
+                                                          self._limits.query_timeout_seconds)
             for start in range(0, len(stored), _STORED_CHUNK):
                 await self.send_many([encode_event(sub.sub_id, raw) for raw in stored[start:start + _STORED_CHUNK]])
             await self.send(encode_eose(sub.sub_id))
@@ -315,7 +332,7 @@ class Connection:
         except ConnectionClosed:
             pass
         except Exception as exc:
-            message = self.relay.internal_error("req_failed", exc, sub_id=sub.sub_id)
+            message = self._query_failure("req_failed", exc, sub_id=sub.sub_id)
             self._unsubscribe(sub.sub_id)
             try:
                 await self.send(encode_closed(sub.sub_id, message))
@@ -332,11 +349,16 @@ class Connection:
         try:
             async with self._query_slot:
                 with self.relay.metrics.count_seconds.time():
-                    count = await self.relay.store.count(req.filters, self.access.private)
+                    count = await self.relay.store.count(req.filters, self.access.private,
+                                                         self._limits.query_timeout_seconds)
         except Exception as exc:
-            await self.send(encode_closed(req.sub_id, self.relay.internal_error("count_failed", exc)))
+            await self.send(encode_closed(req.sub_id, self._query_failure("count_failed", exc)))
             return
         await self.send(encode_count(req.sub_id, count))
+
+    def _query_failure(self, what: str, exc: Exception, **fields) -> str:
+        # A Rejection is a query past its time bound (relay/store/bounds.py); anything else is a bug.
+        return str(exc) if isinstance(exc, Rejection) else self.relay.internal_error(what, exc, **fields)
 
     def _unsubscribe(self, sub_id: str) -> None:
         sub = self.subscriptions.pop(sub_id, None)

@@ -126,20 +126,33 @@ def compile_count(f: Filter, now: int, private: PrivateKinds | None = None) -> C
     return Compiled(f"SELECT {distinct}e.seq {from_clause} WHERE {where}", tuple(params))
 
 
-def run_query(conn: sqlite3.Connection, compiled: list[Compiled]) -> list[bytes]:
-    """Run the statements of one REQ and merge them: raw events newest first, each id once."""
+def run_query(conn: sqlite3.Connection, compiled: list[Compiled], max_rows: int | None = None) -> list[bytes]:
+    """Run the statements of one REQ and merge them: raw events newest first, each id once, at most `max_rows`.
+
+    Each statement's own LIMIT should not exceed `max_rows`: the merge then
+    holds at most twice `max_rows` rows, however many filters the REQ has.
+    """
     if len(compiled) == 1:
         c = compiled[0]
-        return [row[2] for row in conn.execute(c.sql, c.params)]
+        return [row[2] for row in conn.execute(c.sql, c.params)][:max_rows]
     rows = {}
     for c in compiled:
         for created_at, id_, raw in conn.execute(c.sql, c.params):
             rows[id_] = (-created_at, id_, raw)
-    return [row[2] for row in sorted(rows.values())]
+        if max_rows is not None and len(rows) > max_rows:
+            rows = {row[1]: row for row in sorted(rows.values())[:max_rows]}  # keep the newest
+    return [row[2] for row in sorted(rows.values())[:max_rows]]
+
+
+_COMPOUND_TERMS = 250  # SELECTs per UNION, under SQLite's default SQLITE_MAX_COMPOUND_SELECT of 500
 
 
 def run_count(conn: sqlite3.Connection, compiled: list[Compiled]) -> int:
     """NIP-45: the number of distinct live events matching any of the `compile_count` statements."""
-    union = " UNION ".join(c.sql for c in compiled)  # UNION: an event matched twice counts once
+    selects = [c.sql for c in compiled]
+    while len(selects) > _COMPOUND_TERMS:  # nest: each UNION stays within SQLite's limit on terms
+        selects = [f"SELECT seq FROM ({' UNION '.join(selects[k:k + _COMPOUND_TERMS])})"
+                   for k in range(0, len(selects), _COMPOUND_TERMS)]
+    union = " UNION ".join(selects)  # UNION: an event matched twice counts once
     params = tuple(p for c in compiled for p in c.params)
     return conn.execute(f"SELECT COUNT(*) FROM ({union})", params).fetchone()[0]

@@ -28,6 +28,7 @@ from relay.protocol.auth import PrivateKinds
 from relay.protocol.event import Event
 from relay.protocol.filters import Filter
 from relay.store import db
+from relay.store.bounds import run_with_deadline
 from relay.store.checkpoint import checkpoint
 from relay.store.queries import compile_count, compile_filter, run_count, run_query
 from relay.store.writes import Changes, TransactionHook, Write, apply_batch, purge_expired
@@ -262,30 +263,41 @@ class Store:
         return await self._read(in_transaction, *args)
 
     async def query(self, filters: list[Filter], default_limit: int, max_limit: int,
-                    private: PrivateKinds | None = None) -> list[bytes]:
+                    private: PrivateKinds | None = None, max_rows: int | None = None,
+                    timeout_seconds: float = 0.0) -> list[bytes]:
         """Raw JSON of the live events matching any filter, newest first (ties: lowest id).
 
         Each filter keeps its own `limit` (`default_limit` when absent,
         clamped to `max_limit`); `limit: 0` and empty filters select nothing.
         `private` hides what the reader may not see of the private kinds (NIP-42).
+        All filters together return at most `max_rows` events (the newest).
+
+        Raises:
+            Rejection: "error:" when the statements ran past `timeout_seconds` (0: no bound).
         """
         now = int(time.time())
+        cap = max_limit if max_rows is None else min(max_limit, max_rows)
         compiled = [
-            compile_filter(f, min(max_limit, default_limit if f.limit is None else f.limit), now, private)
+            compile_filter(f, min(cap, default_limit if f.limit is None else f.limit), now, private)
             for f in filters
             if not f.is_empty() and f.limit != 0
         ]
         if not compiled:
             return []
-        return await self._read(run_query, compiled)
+        return await self._read(run_with_deadline, timeout_seconds, run_query, compiled, max_rows)
 
-    async def count(self, filters: list[Filter], private: PrivateKinds | None = None) -> int:
-        """NIP-45: how many distinct live events match any of `filters` (and are visible, given `private`)."""
+    async def count(self, filters: list[Filter], private: PrivateKinds | None = None,
+                    timeout_seconds: float = 0.0) -> int:
+        """NIP-45: how many distinct live events match any of `filters` (and are visible, given `private`).
+
+        Raises:
+            Rejection: "error:" when the count ran past `timeout_seconds` (0: no bound).
+        """
         now = int(time.time())
         compiled = [compile_count(f, now, private) for f in filters if not f.is_empty()]
         if not compiled:
             return 0
-        return await self._read(run_count, compiled)
+        return await self._read(run_with_deadline, timeout_seconds, run_count, compiled)
 
     async def scan(self, f: Filter, chunk_rows: int = 1000) -> AsyncIterator[bytes]:
         """Yield the raw JSON of every live event matching `f`, newest first, up to `f.limit` if it has one.

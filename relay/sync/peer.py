@@ -200,29 +200,32 @@ class PeerConnection:
 
     def _route(self, m: list) -> None:
         verb, n = m[0], len(m)
-        if verb == "EVENT" and n >= 3 and type(m[1]) is str:
+        if verb == "NOTICE":
+            self._fail(PeerNotice(str(m[1]) if n > 1 else ""))
+            return
+        if n < 2 or type(m[1]) is not str:
+            return  # every other relay message names a subscription, an event id or a challenge: a string
+        if verb == "EVENT" and n >= 3:
             sub = self._subs.get(m[1])
             if sub is not None and sub.on_event is not None:
                 sub.on_event(m[2])
             elif sub is not None:
                 sub.events.append(m[2])
                 sub.last = self._last_received
-        elif verb == "OK" and n >= 3 and type(m[1]) is str:
+        elif verb == "OK" and n >= 3:
             self._on_ok(m[1], m[2] is True, m[3] if n > 3 and type(m[3]) is str else "")
-        elif verb == "EOSE" and n >= 2:
+        elif verb == "EOSE":
             sub = self._subs.get(m[1])
             if sub is not None and sub.done is not None and not sub.done.done():
                 sub.done.set_result(sub.events)
-        elif verb == "CLOSED" and n >= 2:
+        elif verb == "CLOSED":
             self._on_closed(m[1], m[2] if n > 2 and type(m[2]) is str else "")
         elif verb in ("NEG-MSG", "NEG-ERR") and n >= 3:
             queue = self._negs.get(m[1])
             if queue is not None:
                 queue.put_nowait((verb, m[2]))
-        elif verb == "AUTH" and n >= 2 and type(m[1]) is str:
+        elif verb == "AUTH":
             self._answer_challenge(m[1])
-        elif verb == "NOTICE":
-            self._fail(PeerNotice(str(m[1]) if n > 1 else ""))
 
     def _on_ok(self, event_id: str, accepted: bool, message: str) -> None:
         if event_id in self._auth_ids:

@@ -21,6 +21,7 @@ event's `p` tags (first occurrence wins); its key adds that value
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -42,6 +43,7 @@ EVENT_ATTRIBUTES = {"id": "TEXT", "pubkey": "TEXT", "created_at": "INTEGER", "ki
 _IDENTIFIER = re.compile(r"[a-z][a-z0-9_]{0,62}")
 _TAG_NAME = re.compile(r"[^:\s]{1,64}")
 _JSON_KEY = re.compile(r"[^.\s]{1,128}")
+_INT64_MAX = 2**63 - 1
 
 
 class SpecError(ValueError):
@@ -325,8 +327,8 @@ def _validate(spec: ProjectorSpec) -> None:
         raise SpecError(f"{label}: kind must be an integer 0..{MAX_KIND}, got {spec.kind!r}")
     if is_ephemeral(spec.kind):
         raise SpecError(f"{label}: kind {spec.kind} is ephemeral (never stored), nothing to project")
-    if type(spec.revision) is not int or spec.revision < 0:
-        raise SpecError(f"{label}: revision must be an integer >= 0, got {spec.revision!r}")
+    if type(spec.revision) is not int or not 0 <= spec.revision <= _INT64_MAX:
+        raise SpecError(f"{label}: revision must be an integer from 0 to 2**63 - 1, got {spec.revision!r}")
     if not spec.fields:
         raise SpecError(f"{label}: fields must not be empty")
     if spec.row_per_tag is not None and (type(spec.row_per_tag) is not str or not _TAG_NAME.fullmatch(spec.row_per_tag)):
@@ -339,7 +341,7 @@ def _validate(spec: ProjectorSpec) -> None:
         if not ix:
             raise SpecError(f"{label}: an index must name at least one column")
         for column in ix:
-            if column not in seen and column not in RESERVED_COLUMNS:
+            if type(column) is not str or (column not in seen and column not in RESERVED_COLUMNS):
                 raise SpecError(f"{label}: index {list(ix)} names unknown column {column!r}")
         if len(set(ix)) != len(ix):
             raise SpecError(f"{label}: index {list(ix)} repeats a column")
@@ -370,15 +372,24 @@ def _validate_field(spec: ProjectorSpec, label: str, f: FieldSpec, seen: set[str
         ok = {"TEXT": (str,), "INTEGER": (int,), "REAL": (int, float)}[f.type]
         if type(f.default) not in ok:
             raise SpecError(f"{where}: default {f.default!r} is not of type {f.type}")
+        if not _storable(f.default):
+            raise SpecError(f"{where}: default {f.default!r} is out of range")
     if type(f.required) is not bool:
         raise SpecError(f"{where}: required must be true or false")
+
+
+def _storable(value: object) -> bool:
+    """SQLite holds 64-bit integers and specs are hashed as JSON: no bigger integer, no NaN or infinity."""
+    if type(value) is int:
+        return -_INT64_MAX - 1 <= value <= _INT64_MAX
+    return type(value) is not float or math.isfinite(value)
 
 
 def _validate_key(spec: ProjectorSpec, label: str, fields: set[str]) -> None:
     if not spec.primary_key:
         raise SpecError(f"{label}: primary_key must not be empty")
     for column in spec.primary_key:
-        if column not in fields and column not in ("_event_id", "_pubkey"):
+        if type(column) is not str or (column not in fields and column not in ("_event_id", "_pubkey")):
             raise SpecError(f"{label}: primary_key names unknown field {column!r}")
     if len(set(spec.primary_key)) != len(spec.primary_key):
         raise SpecError(f"{label}: primary_key repeats a column")

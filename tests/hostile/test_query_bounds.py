@@ -1,0 +1,95 @@
+"""Expensive queries are bounded: database time per REQ/COUNT, rows per REQ; the writer never waits on readers."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from relay.protocol.event import parse_event
+from relay.protocol.filters import Filter
+from relay.server.app import Relay
+from tests.conftest import make_config
+from tests.helpers import Client
+from tests.hostile.fuzzing import real_events
+
+async def _relay_with_events(tmp_path, stored: int = 1000, store: dict | None = None, **limits) -> Relay:
+    """A started relay holding the first `stored` real events (written through the store, signatures aside)."""
+    relay = Relay(make_config(tmp_path, limits=limits, store=store or {}))
+    await relay.start()
+    events = [parse_event(e, relay.event_limits, time.time()) for e in real_events(stored)]
+    await asyncio.gather(*(relay.store.submit(e) for e in events))
+    return relay
+
+
+async def test_query_past_its_time_bound_gets_closed_error_and_the_connection_goes_on(tmp_path):
+    """A REQ or COUNT scanning 3,000 events past a 1 ns bound gets CLOSED "error:"; an id lookup still answers."""
+    # About ten SQLite instructions per event scanned: past PROGRESS_STEPS, so the deadline is checked.
+    relay = await _relay_with_events(tmp_path, 3000, query_timeout_seconds=1e-9)
+    client = await Client.connect(relay.url)
+    try:
+        await client.send(["REQ", "scan", {"since": 0, "limit": 5000}])
+        assert await client.recv() == ["CLOSED", "scan", "error: query took too long (max 1e-09 s)"]
+        await client.send(["COUNT", "count", {"since": 0}])
+        assert await client.recv() == ["CLOSED", "count", "error: query took too long (max 1e-09 s)"]
+        # Far fewer than PROGRESS_STEPS SQLite instructions: never checked, never aborted.
+        wanted = next(e for e in real_events(3000) if e["kind"] == 1 and not e["tags"])
+        assert [e["id"] for e in await client.req("lookup", {"ids": [wanted["id"]]})] == [wanted["id"]]
+    finally:
+        await client.close()
+        await relay.stop()
+
+
+async def test_req_with_1000_filters_returns_at_most_max_query_rows_and_count_takes_600(tmp_path):
+    """1,000 filters of limit 5,000 over 1,000 events: only the newest `max_query_rows` (50) come back, in order.
+
+    And a COUNT of 600 filters counts what one filter with the 600 kinds counts.
+    """
+    relay = await _relay_with_events(tmp_path, max_filters=1000, max_query_rows=50)
+    client = await Client.connect(relay.url)
+    try:
+        newest = [e["id"] for e in await client.req("one", {"limit": 50})]
+        filters = [{"since": k, "limit": 5000} for k in range(1000)]
+        got = [e["id"] for e in await client.req("many", *filters)]
+        assert len(newest) == 50 and got == newest
+        # COUNT with more filters than SQLite allows terms in one UNION (500): once "error: internal".
+        kinds = range(5, 605)  # not kind 4: served only to its authenticated author or recipient (NIP-42)
+        await client.send(["COUNT", "by_kind", *[{"kinds": [k]} for k in kinds]])
+        by_kind = await client.recv()
+        await client.send(["COUNT", "at_once", {"kinds": list(kinds)}])
+        at_once = await client.recv()
+        assert by_kind[:2] == ["COUNT", "by_kind"] and at_once[:2] == ["COUNT", "at_once"]
+        assert by_kind[2]["count"] == at_once[2]["count"] > 0
+    finally:
+        await client.close()
+        await relay.stop()
+
+
+async def test_writes_are_acknowledged_while_every_read_connection_is_stuck_mid_query(tmp_path, alice):
+    """The only read connection held inside a query (an open snapshot) never stops EVENTs from getting OK true (WAL)."""
+    relay = await _relay_with_events(tmp_path, store={"read_connections": 1})
+    before = await relay.store.count([Filter()])
+    reading, release = threading.Event(), threading.Event()
+
+    def stuck_scan(conn):
+        cursor = conn.execute("SELECT raw FROM events ORDER BY created_at")
+        cursor.fetchone()  # the statement is running: its snapshot is pinned
+        reading.set()
+        release.wait(30)
+        return conn.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+
+    stuck = asyncio.create_task(relay.store.read_snapshot(stuck_scan))
+    client = await Client.connect(relay.url)
+    try:
+        assert await asyncio.to_thread(reading.wait, 30)
+        published = [alice.sign(content=f"during the read {k}") for k in range(5)]
+        for event in published:
+            assert await client.publish(event) == ["OK", event["id"], True, ""]
+        assert not stuck.done()
+        release.set()
+        assert await stuck == before  # the stuck reader kept its snapshot: it saw none of the writes
+        assert {e["id"] for e in await client.req("back", {"authors": [alice.pubkey]})} == {e["id"] for e in published}
+    finally:
+        release.set()
+        await client.close()
+        await relay.stop()
