@@ -21,7 +21,12 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: relay/ and tests/
-from tests.reliability.harness import run  # noqa: E402
+from tests.reliability.harness import CrashReport, run  # noqa: E402
+
+
+def show_every_tenth(report: CrashReport) -> None:
+    if report.checks % 10 == 0:
+        print(report.summary(), flush=True)
 
 
 def main() -> int:
@@ -38,7 +43,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="crash-") as tmp:
         workdir = args.keep or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        report = asyncio.run(run(workdir, args.kills, seed, args.connections, args.answers_per_kill))
+        report = asyncio.run(run(workdir, args.kills, seed, args.connections, args.answers_per_kill,
+                                 progress=show_every_tenth))
     print(report.summary())
     for failure in report.failures:
         print(f"FAILURE after {report.kills} kills: {failure}")

@@ -40,6 +40,7 @@ def expected_live(events: list[dict], now: float) -> dict[str, dict]:
         else:
             kept[e["id"]] = e
     kept.update({e["id"]: e for e in newest.values()})
+    deleted_until: dict[tuple, int] = {}  # coordinate -> newest created_at of an `a` deletion naming it
     for deletion in [e for e in kept.values() if e["kind"] == 5]:
         for tag in deletion["tags"]:
             if len(tag) < 2:
@@ -52,11 +53,13 @@ def expected_live(events: list[dict], now: float) -> dict[str, dict]:
                 parts = tag[1].split(":", 2)
                 if len(parts) != 3 or parts[1] != deletion["pubkey"] or not parts[0].isdigit():
                     continue
-                kind, d = int(parts[0]), parts[2]
-                for i, x in list(kept.items()):
-                    if (x["kind"] == kind and x["pubkey"] == deletion["pubkey"]
-                            and x["created_at"] <= deletion["created_at"]
-                            and (is_replaceable(kind) or (is_addressable(kind) and (first_tag(x, "d") or "") == d))):
-                        del kept[i]
+                kind = int(parts[0])
+                key = (kind, deletion["pubkey"], parts[2] if is_addressable(kind) else "")
+                deleted_until[key] = max(deleted_until.get(key, -1), deletion["created_at"])
+    for i, x in list(kept.items()):  # one pass: a relay may hold thousands of `a` deletions
+        kind = x["kind"]
+        if is_replaceable(kind) or is_addressable(kind):
+            key = (kind, x["pubkey"], (first_tag(x, "d") or "") if is_addressable(kind) else "")
+            if x["created_at"] <= deleted_until.get(key, -1):
+                del kept[i]
     return kept
-

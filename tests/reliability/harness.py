@@ -8,7 +8,9 @@ regular, replaceable, addressable, NIP-09 `e` and `a` deletions, ephemeral, and 
 crash left them unanswered) and keeps the ledger: every event sent, every one answered `OK true`.  One
 cycle of `run` starts the relay, checks it, lets the connections publish until a random number of OKs has
 arrived, then SIGKILLs it; one cycle in `STARTUP_KILL_ODDS` kills it while it starts instead (imports,
-migrations, projector and negentropy set-up).  The database, config and relay logs stay in `workdir`.
+migrations, projector and negentropy set-up).  Before one start in `REVISION_CHANGE_ODDS` the built-in
+projectors' revision changes, so that start rebuilds their tables in batches (and may be killed mid-way).
+The database, config and relay logs stay in `workdir`.
 
 The check after a restart (`check_relay`):
 
@@ -28,9 +30,11 @@ import asyncio
 import contextlib
 import io
 import random
+import re
 import sqlite3
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +43,7 @@ import websockets
 from websockets.exceptions import ConnectionClosed
 
 from relay.config import Config, load_config
+from relay.store.projectors import BUILTIN_PROJECTORS
 from relay.projector_commands import run_verify
 from tests.helpers import REAL_EVENTS, Client, Keys, read_jsonl
 from tests.model import expected_live, first_tag, is_addressable, is_replaceable
@@ -52,11 +57,23 @@ max_limit = 1000000
 [store]
 max_batch = 64                     # many small transactions: kills land between and inside commits
 checkpoint_interval_seconds = 0.2  # frequent WAL checkpoints: kills land inside them too
+projector_rebuild_batch = 200      # a projector rebuild at start-up takes many transactions
 
 [negentropy]
 filters = [{ kinds = [0, 3, 10002, 30023] }]  # a second index kept in the write transaction
 """
 STARTUP_KILL_ODDS = 0.15  # share of cycles killed during start-up rather than while publishing
+REVISION_CHANGE_ODDS = 0.2  # share of starts with the projectors' revision changed (a rebuild)
+REPO_CONFIG = Path(__file__).resolve().parents[2] / "config" / "relay.toml"
+
+
+def config_text(revision: int) -> str:
+    """CONFIG_TOML plus the built-in [[projectors]] of config/relay.toml, all at `revision`."""
+    source = REPO_CONFIG.read_text(encoding="utf-8")
+    projectors = source[re.search(r"(?m)^\[\[projectors\]\]", source).start():]
+    text, count = re.subn(r"(?m)^revision = \d+", f"revision = {revision:d}", projectors)
+    assert count == len(BUILTIN_PROJECTORS), "config/relay.toml: one `revision = N` line per built-in projector"
+    return CONFIG_TOML + "\n" + text
 WINDOW = 16  # EVENTs per connection awaiting their OK
 
 
@@ -245,6 +262,7 @@ class CrashReport:
 
     kills: int = 0
     startup_kills: int = 0
+    revisions: int = 0
     checks: int = 0
     sent: int = 0
     acked: int = 0
@@ -253,31 +271,39 @@ class CrashReport:
     failures: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
+    def record(self, workload: Workload, started: float) -> None:
+        """Take the ledger's counts and the time since `started` (time.monotonic())."""
+        self.sent, self.acked, self.refused = len(workload.sent), len(workload.acked), dict(workload.refused)
+        self.seconds = time.monotonic() - started
+
     def summary(self) -> str:
         """One line for people: kills survived, events, refusals, failures."""
         return (f"kills {self.kills} ({self.startup_kills} during start-up), checks {self.checks}, "
+                f"projector revision changes {self.revisions}, "
                 f"sent {self.sent}, acked {self.acked}, served {self.served}, refused {self.refused}, "
                 f"failures {len(self.failures)}, {self.seconds:.1f} s")
 
 
 async def run(workdir: Path, kills: int, seed: int = 1, connections: int = 4, answers_per_kill: int = 300,
-              real: list[dict] | None = None) -> CrashReport:
+              real: list[dict] | None = None, progress: Callable[[CrashReport], None] | None = None) -> CrashReport:
     """Kill and restart a relay `kills` times while `connections` clients publish; check after every restart.
 
     Each publishing cycle is killed after a random number (1 to `answers_per_kill`) of OK replies.  Stops
-    at the first failing check (the database is left in `workdir`).
+    at the first failing check (the database is left in `workdir`).  `progress(report)` runs after each check.
     """
     started = time.monotonic()
-    config_path = workdir / "relay.toml"
-    config_path.write_text(CONFIG_TOML, encoding="utf-8")
-    db = workdir / "relay.db"
-    config = load_config(config_path, {}, {"store": {"path": str(db)}})
+    config_path, db = workdir / "relay.toml", workdir / "relay.db"
     workload = Workload(seed, real_events() if real is None else real)
-    rng, report = random.Random(seed), CrashReport()
+    rng, report, revision = random.Random(seed), CrashReport(), 1
     while report.kills <= kills and not report.failures:
+        if report.kills == 0 or rng.random() < REVISION_CHANGE_ODDS:
+            revision = 3 - revision if report.kills else revision
+            config_path.write_text(config_text(revision), encoding="utf-8")
+            config = load_config(config_path, {}, {"store": {"path": str(db)}})
+            report.revisions += bool(report.kills)
         with Served(workdir, "--config", config_path, "--db", db, "--port", 0) as served:
             if report.kills < kills and rng.random() < STARTUP_KILL_ODDS:
-                await asyncio.sleep(rng.uniform(0.0, 1.5))
+                await asyncio.sleep(rng.uniform(0.0, 2.0))  # imports take about 1 s; set-up follows
                 served.kill()
                 report.kills += 1
                 report.startup_kills += 1
@@ -285,6 +311,9 @@ async def run(workdir: Path, kills: int, seed: int = 1, connections: int = 4, an
             url = served.started_url()
             report.served, report.failures = await check_relay(url, config, workload)
             report.checks += 1
+            report.record(workload, started)
+            if progress is not None:
+                progress(report)
             if report.kills == kills or report.failures:
                 break
             reached, stop = asyncio.Event(), asyncio.Event()
@@ -299,6 +328,5 @@ async def run(workdir: Path, kills: int, seed: int = 1, connections: int = 4, an
             stop.set()
             await asyncio.gather(*publishers)
             workload.crashed()
-    report.sent, report.acked, report.refused = len(workload.sent), len(workload.acked), dict(workload.refused)
-    report.seconds = time.monotonic() - started
+    report.record(workload, started)
     return report
