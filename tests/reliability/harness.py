@@ -65,6 +65,7 @@ filters = [{ kinds = [0, 3, 10002, 30023] }]  # a second index kept in the write
 STARTUP_KILL_ODDS = 0.15  # share of cycles killed during start-up rather than while publishing
 REVISION_CHANGE_ODDS = 0.2  # share of starts with the projectors' revision changed (a rebuild)
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "config" / "relay.toml"
+WINDOW = 16  # EVENTs per connection awaiting their OK
 
 
 def config_text(revision: int) -> str:
@@ -74,7 +75,6 @@ def config_text(revision: int) -> str:
     text, count = re.subn(r"(?m)^revision = \d+", f"revision = {revision:d}", projectors)
     assert count == len(BUILTIN_PROJECTORS), "config/relay.toml: one `revision = N` line per built-in projector"
     return CONFIG_TOML + "\n" + text
-WINDOW = 16  # EVENTs per connection awaiting their OK
 
 
 def real_events(limit: int | None = None) -> list[dict]:
@@ -304,11 +304,19 @@ async def run(workdir: Path, kills: int, seed: int = 1, connections: int = 4, an
         with Served(workdir, "--config", config_path, "--db", db, "--port", 0) as served:
             if report.kills < kills and rng.random() < STARTUP_KILL_ODDS:
                 await asyncio.sleep(rng.uniform(0.0, 2.0))  # imports take about 1 s; set-up follows
+                if served.proc.poll() is not None:
+                    report.failures = [f"relay exited during start-up with {served.proc.returncode}:\n"
+                                       f"{served.stderr[-3000:]}"]
+                    break
                 served.kill()
                 report.kills += 1
                 report.startup_kills += 1
                 continue
-            url = served.started_url()
+            try:
+                url = served.started_url()
+            except AssertionError as exc:  # it exited or never said it started
+                report.failures = [str(exc)[-3000:]]
+                break
             report.served, report.failures = await check_relay(url, config, workload)
             report.checks += 1
             report.record(workload, started)
