@@ -10,7 +10,7 @@ the listen backlog never overflows) and gives each a role:
 * slow readers: a REQ for the notes tagged for ten of the holders, then one
   frame per `SLOW_READ_SECONDS` (they must still get every one);
 * non-readers: a REQ for every note, then never read (a 4 KiB receive buffer
-  and a one-frame client queue, so the relay's send buffer fills quickly);
+  and a one-frame client queue);
 * publishers: their events pipelined at full speed, OKs counted, in rounds
   until the relay has dropped every non-reader (the kernel's socket buffers
   absorb a few MB first, depending on its TCP tuning), at most `max_rounds`.
