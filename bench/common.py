@@ -248,8 +248,10 @@ def ours(port: int | None = None, db: Path | None = None) -> Server:
     port = port or free_port()
     d = _rundir("ours", port)
     db = db or d / "relay.db"
+    # The load generators are one client IP: the shipped rate limits would measure themselves.
     return Server("ours", [str(REPO / ".venv" / "bin" / "relay"), "serve", "--host", HOST,
-                           "--port", str(port), "--db", str(db)], port, d)
+                           "--port", str(port), "--db", str(db)], port, d,
+                  env={"RELAY_RATE_LIMITS__ENABLED": "false"})
 
 
 NOSTR_RELAY_CONFIG = """\

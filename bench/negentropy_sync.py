@@ -64,6 +64,9 @@ import common  # noqa: E402
 import events  # noqa: E402
 import stores  # noqa: E402
 
+from relay.store import db as store_db  # noqa: E402
+from relay.store.negentropy_index import NegentropyIndex, indexed_items  # noqa: E402
+
 NEG = common.RESULTS / "neg"
 JS = common.BENCH / "js"
 CLIENT = JS / "neg_client.mjs"
@@ -142,12 +145,14 @@ def run_import(jsonl: Path, db: Path, enabled: bool = True) -> dict:
 def check_db(db: Path, items: list[tuple[int, bytes]]) -> dict:
     """events and the `{}` negentropy items of db hold exactly `items`."""
     want = set(items)
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    con = sqlite3.connect(db, isolation_level=None)
     try:
+        # as `relay serve` does at start: migrate, and (re)build the index if its layout changed
+        store_db.migrate(con)
+        NegentropyIndex().setup(con)
         ev = set(con.execute("SELECT created_at, id FROM events"))
         row = con.execute("SELECT filter_no FROM neg_filters WHERE spec = '{}'").fetchone()
-        neg = set(con.execute("SELECT created_at, id FROM neg_items WHERE filter_no = ?", (row[0],))) \
-            if row else set()
+        neg = set(indexed_items(con, row[0])) if row else set()
     finally:
         con.close()
     return {"events_exact": ev == want, "neg_items_exact": neg == want, "events": len(ev),
@@ -307,7 +312,8 @@ def run_ingest(args, results: dict) -> None:
                 f"(rep {rep + 1}/{args.ingest_reps})")
             r = run_import(jsonl, db, enabled)
             with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
-                r["neg_items"] = con.execute("SELECT count(*) FROM neg_items").fetchone()[0]
+                r["neg_items"] = con.execute("SELECT coalesce(sum(count), 0) FROM neg_nodes WHERE level = 1"
+                                             ).fetchone()[0]
             r.update({"enabled": enabled, "n": n, "rep": rep, "eps": n / r["wall_s"],
                       "cpu_us_per_event": r["cpu_s"] / n * 1e6})
             out.append(r)

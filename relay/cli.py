@@ -1,4 +1,4 @@
-"""The `relay` command line: serve, import, export, sync, status.
+"""The `relay` command line: serve, import, export, sync, status, key.
 
 Every subcommand takes `--config PATH` and `--db PATH`; flags override
 `RELAY_<SECTION>__<KEY>` environment variables, which override the file.
@@ -40,6 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     sync.add_argument("--frame-size", type=int, help="bytes per negentropy message (default: sync.frame_size_limit)")
     status = commands.add_parser("status", parents=[common], help="database size, events by kind, sync peers")
     status.add_argument("--json", action="store_true", help="print JSON for scripts")
+    key = commands.add_parser("key", parents=[common], help="print this node's pubkey, creating its key file if absent")
+    key.add_argument("--file", type=Path, help="the key file (default: sync.secret_key_file, else sync.key beside the db)")
     _projector_parsers(commands, common)
     return parser
 
@@ -99,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         from relay.status import run_status
 
         return run_status(config, args.json)
+    if args.command == "key":
+        from relay.sync.keys import key_path, run_key
+
+        return run_key(args.file or key_path(config.sync.secret_key_file, config.store.path))
     if args.command in ("verify", "projectors", "query"):
         return _run_projector_command(config, args)
     from relay.commands import run_export

@@ -26,7 +26,7 @@ async def run_import(config: Config, path: Path) -> int:
         return 2
     from relay.hooks import hooks  # transaction hooks (projectors, ...): every writer must run them
 
-    store = await Store.open(config.store.path, config.store.options(read_connections=1), hooks(config))
+    store = await Store.open(config.store.path, config.store.options(1, config.server.public_url), hooks(config))
     try:
         with source:
             total = None if source is sys.stdin.buffer else sum(1 for _ in path.open("rb"))

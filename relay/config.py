@@ -34,6 +34,7 @@ class ServerConfig:
 
     host: str = "127.0.0.1"
     port: int = 7777
+    public_url: str = ""
     shutdown_timeout_seconds: float = 10.0
 
 
@@ -84,12 +85,16 @@ class StoreConfig:
     max_projector_refusals: int = 10_000  # [[projectors]]: rows kept in the refusal log
     projector_rebuild_batch: int = 10_000  # [[projectors]]: events per rebuild transaction
 
-    def options(self, read_connections: int | None = None) -> StoreOptions:
-        """The Store's options; `read_connections` overrides the pool size (offline commands need one)."""
+    def options(self, read_connections: int | None = None, relay_url: str = "") -> StoreOptions:
+        """The Store's options; `read_connections` overrides the pool size (offline commands need one);
+        `relay_url` is `[server] public_url` (NIP-62 requests naming it are honoured)."""
+        from relay.protocol.auth import relay_url_key
+
         return StoreOptions(
             synchronous=self.synchronous, read_connections=read_connections or self.read_connections,
             writer_queue_size=self.writer_queue_size, max_batch=self.max_batch,
-            checkpoint_interval_seconds=self.checkpoint_interval_seconds)
+            checkpoint_interval_seconds=self.checkpoint_interval_seconds,
+            relay_urls=frozenset([relay_url_key(relay_url)] if relay_url else []))
 
 
 @dataclass(frozen=True)
@@ -111,7 +116,8 @@ class PeerConfig:
 
     `filter` is the NIP-01 filter as compact JSON (from a TOML table or a JSON
     string); `direction` is "down" (fetch), "up" (push) or "both"; `pubkey`
-    is the peer node's 64-hex key, informative for now ("" when unknown).
+    is the peer node's 64-hex key ("" when unknown): a connection that
+    authenticates with it (NIP-42) is this peer (see relay/server/access.py).
     """
 
     url: str
@@ -202,22 +208,29 @@ class NegentropyConfig:
     max_session_items: int = 4_000_000
     max_sessions_per_connection: int = 8
     idle_timeout_seconds: float = 60.0
+    cache_items: int = 2_000_000
     filters: tuple[dict, ...] = ()
+    protected_filters: tuple[dict, ...] = ()  # indexed like `filters`, and never evicted by [retention]
+
+    def indexed_filters(self) -> tuple[dict, ...]:
+        """`filters` then the `protected_filters` not among them: every filter the index keeps."""
+        return self.filters + tuple(f for f in self.protected_filters if f not in self.filters)
 
 
 NEG_ENVELOPE_BYTES = 512
 """Room for `["NEG-MSG","<subscription id, JSON-escaped>",""]` around a hex frame, in bytes."""
 
 
-def _parse_negentropy_filters(value: Any) -> tuple[dict, ...]:
-    """`[negentropy] filters` (an array of filter tables) checked with parse_filter; raises ConfigError."""
+def _parse_negentropy_filters(value: Any, setting: str = "filters") -> tuple[dict, ...]:
+    """`[negentropy] filters` or `protected_filters` (arrays of filter tables) checked with parse_filter;
+    raises ConfigError."""
     from relay.protocol.filters import parse_filter
     from relay.protocol.rejection import Rejection
 
     if type(value) is not list:
-        raise ConfigError("negentropy.filters: must be an array of filter tables")
+        raise ConfigError(f"negentropy.{setting}: must be an array of filter tables")
     for i, table in enumerate(value):
-        name = f"negentropy.filters[{i}]"
+        name = f"negentropy.{setting}[{i}]"
         if type(table) is not dict:
             raise ConfigError(f"{name}: must be a table (a NIP-01 filter)")
         for key in ("since", "until", "limit"):
@@ -231,6 +244,120 @@ def _parse_negentropy_filters(value: Any) -> tuple[dict, ...]:
     return tuple(value)
 
 
+# --- [auth] and [rate_limits] (NIP-42 and access control: relay/server/access.py, relay/server/ratelimit.py) ---
+
+WRITE_MODES = ("all", "authenticated", "listed")
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """[auth]: NIP-42 authentication, who may write, which kinds, private kinds (seconds, kinds, 64-hex pubkeys)."""
+
+    challenge_on_connect: bool = True
+    max_age_seconds: int = 600
+    write: str = "all"
+    write_pubkeys: tuple[str, ...] = ()
+    allow_kinds: tuple[int, ...] = ()
+    deny_kinds: tuple[int, ...] = ()
+    private_kinds: tuple[int, ...] = (4, 1059)
+
+
+@dataclass(frozen=True)
+class RateLimitConfig:
+    """[rate_limits]: token buckets per connection and per client IP (messages per second, burst in messages).
+
+    A rate of 0 means no limit.  `exempt` and `trusted_proxies` hold IP
+    addresses or networks ("10.0.0.0/8").
+    """
+
+    enabled: bool = True
+    events_per_second: float = 10.0
+    events_burst: int = 100
+    reqs_per_second: float = 10.0
+    reqs_burst: int = 50
+    neg_opens_per_second: float = 1.0
+    neg_opens_burst: int = 10
+    ip_events_per_second: float = 50.0
+    ip_events_burst: int = 500
+    ip_reqs_per_second: float = 50.0
+    ip_reqs_burst: int = 250
+    ip_neg_opens_per_second: float = 5.0
+    ip_neg_opens_burst: int = 20
+    exempt: tuple[str, ...] = ()
+    trusted_proxies: tuple[str, ...] = ()
+
+
+def _parse_list(name: str, value: Any, item: str) -> tuple:
+    """A TOML array of `item`s ("pubkey", "kind" or "network") as a tuple; raises ConfigError naming `name`."""
+    import ipaddress
+
+    from relay.protocol.event import MAX_KIND, is_hex64
+
+    if type(value) not in (list, tuple):
+        raise ConfigError(f"{name}: must be an array")
+    for v in value:
+        if item == "pubkey" and not is_hex64(v):
+            raise ConfigError(f"{name}: must hold 64 lowercase hex characters, got {v!r}")
+        if item == "kind" and (type(v) is not int or not 0 <= v <= MAX_KIND):
+            raise ConfigError(f"{name}: must hold kinds from 0 to {MAX_KIND}, got {v!r}")
+        if item == "network":
+            try:
+                ipaddress.ip_network(v, strict=False)
+            except (TypeError, ValueError):
+                raise ConfigError(f"{name}: must hold IP addresses or networks, got {v!r}") from None
+    return tuple(value)
+
+
+_LISTS = {("auth", "write_pubkeys"): "pubkey", ("auth", "allow_kinds"): "kind", ("auth", "deny_kinds"): "kind",
+          ("auth", "private_kinds"): "kind", ("rate_limits", "exempt"): "network",
+          ("rate_limits", "trusted_proxies"): "network"}
+
+# --- [retention] (relay/retention.py, relay/store/retention.py; NIP-62: relay/store/vanish.py) ----------------
+
+
+@dataclass(frozen=True)
+class RetentionRule:
+    """One `[[retention.rules]]` table: events of `kinds` (empty: every kind) older than `max_age_days`
+    (by created_at) are removed."""
+
+    max_age_days: float
+    kinds: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    """[retention]: removing old events (days, seconds, counts), and this relay's URL for NIP-62."""
+
+    interval_seconds: float = 3600.0
+    batch_size: int = 100
+    max_events: int = 0
+    rules: tuple[RetentionRule, ...] = ()
+
+
+def _parse_retention_rules(value: Any) -> tuple[RetentionRule, ...]:
+    """`[[retention.rules]]` tables into RetentionRules; raises ConfigError naming `retention.rules[i].<key>`."""
+    from relay.protocol.event import MAX_KIND
+
+    if type(value) is not list:
+        raise ConfigError("retention.rules: must be an array of tables ([[retention.rules]])")
+    rules = []
+    for i, table in enumerate(value):
+        name = f"retention.rules[{i}]"
+        if type(table) is not dict:
+            raise ConfigError(f"{name}: must be a table")
+        for key in table:
+            if key not in ("kinds", "max_age_days"):
+                raise ConfigError(f"{name}.{key}: unknown key")
+        age = table.get("max_age_days")
+        if type(age) not in (int, float) or not age > 0:
+            raise ConfigError(f"{name}.max_age_days: must be a number of days > 0, got {age!r}")
+        kinds = table.get("kinds", [])
+        if type(kinds) is not list or not all(type(k) is int and 0 <= k <= MAX_KIND for k in kinds):
+            raise ConfigError(f"{name}.kinds: must be an array of kinds 0..{MAX_KIND}, got {kinds!r}")
+        rules.append(RetentionRule(float(age), tuple(sorted(set(kinds)))))
+    return tuple(rules)
+
+
 @dataclass(frozen=True)
 class Config:
     """The whole configuration, one attribute per TOML section."""
@@ -242,6 +369,10 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     negentropy: NegentropyConfig = field(default_factory=NegentropyConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    rate_limits: RateLimitConfig = field(default_factory=RateLimitConfig)
+
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
     # [[projectors]]: an array of tables, not a section; absent from the file means the built-in ones.
     projectors: tuple[ProjectorSpec, ...] = field(default_factory=builtin_projectors)
 
@@ -250,6 +381,7 @@ _CHOICES = {
     ("store", "synchronous"): ("off", "normal", "full", "extra"),
     ("log", "level"): ("debug", "info", "warning", "error"),
     ("log", "format"): ("auto", "json", "console"),
+    ("auth", "write"): WRITE_MODES,
 }
 _MINIMUM_SYNC = {"frame_size_limit": 4096, "fetch_batch": 1, "fetch_in_flight": 1, "push_in_flight": 1,
                  "live_queue": 1, "interval_seconds": 0.1, "timeout_seconds": 0.1,
@@ -257,10 +389,14 @@ _MINIMUM_SYNC = {"frame_size_limit": 4096, "fetch_batch": 1, "fetch_in_flight": 
                  "lease_seconds": 1.0}
 _MINIMUM = {("server", "port"): 0, ("store", "read_connections"): 1, ("store", "verify_threads"): 1,
             ("store", "max_batch"): 1, ("store", "writer_queue_size"): 1,
-            ("store", "max_projector_refusals"): 1, ("store", "projector_rebuild_batch"): 1}
+            ("store", "max_projector_refusals"): 1, ("store", "projector_rebuild_batch"): 1,
+            ("retention", "interval_seconds"): 0.01, ("retention", "batch_size"): 1}
 _MINIMUM.update({("sync", key): low for key, low in _MINIMUM_SYNC.items()})
 _MINIMUM.update({("negentropy", "frame_size_limit"): 4096,  # the engine's MIN_FRAME_SIZE_LIMIT
-                 ("negentropy", "max_sessions_per_connection"): 1, ("negentropy", "idle_timeout_seconds"): 0.1})
+                 ("negentropy", "max_sessions_per_connection"): 1, ("negentropy", "idle_timeout_seconds"): 0.1,
+                 ("negentropy", "cache_items"): 0})
+_MINIMUM.update({("rate_limits", f"{scope}{what}_burst"): 1  # a token bucket holds at least one token
+                 for scope in ("", "ip_") for what in ("events", "reqs", "neg_opens")})
 
 
 def _section_types(section: str) -> dict[str, type]:
@@ -273,6 +409,13 @@ def _check_value(section: str, key: str, value: Any) -> Any:
         return _parse_peers(value)
     if (section, key) == ("negentropy", "filters"):
         return _parse_negentropy_filters(value)
+    if (section, key) in _LISTS:
+        return _parse_list(f"{section}.{key}", value, _LISTS[section, key])
+
+    if (section, key) in (("negentropy", "filters"), ("negentropy", "protected_filters")):
+        return _parse_negentropy_filters(value, key)
+    if (section, key) == ("retention", "rules"):
+        return _parse_retention_rules(value)
     expected = _section_types(section)[key]
     name = f"{section}.{key}"
     if expected is float and type(value) is int:
@@ -388,6 +531,9 @@ def _check_consistency(config: Config) -> None:
         raise ConfigError("limits.max_live_queue_bytes: must be at least limits.max_message_bytes")
     if limits.max_message_bytes < 1024:
         raise ConfigError("limits.max_message_bytes: must be at least 1024")
+    url = config.server.public_url
+    if url and not url.startswith(("ws://", "wss://")):
+        raise ConfigError(f"server.public_url: must be a ws:// or wss:// URL, got {url!r}")
     if config.sync.backoff_initial_seconds > config.sync.backoff_max_seconds:
         raise ConfigError("sync.backoff_initial_seconds: must not exceed sync.backoff_max_seconds")
     neg = config.negentropy

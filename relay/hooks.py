@@ -34,4 +34,5 @@ def negentropy_hook(config: Config) -> TransactionHook:
 
     if not config.negentropy.enabled:
         return DropNegentropyIndex()
-    return NegentropyIndex(parse_filter(f) for f in config.negentropy.filters)
+    return NegentropyIndex((parse_filter(f) for f in config.negentropy.indexed_filters()),
+                           private_kinds=config.auth.private_kinds)

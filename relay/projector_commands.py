@@ -16,7 +16,9 @@ from pathlib import Path
 import orjson
 
 from relay.config import Config
+from relay.hooks import negentropy_hook
 from relay.store import db
+from relay.store.negentropy_index import NegentropyIndex
 from relay.store.negentropy_verify import IndexCheck, verify_index
 from relay.store.projectors.causal import CausalSpec
 from relay.store.projectors.engine import force_rebuild, pending_reason
@@ -57,7 +59,8 @@ def run_verify(config: Config) -> int:
         refused = dict(conn.execute("SELECT projector, count(*) FROM projector_refusals GROUP BY projector")
                        .fetchall()) if _has_refusal_log(conn) else {}
         removed = [name for name in read_meta(conn) if name not in {s.name for s in config.projectors}]
-        index_checks = verify_index(conn, config.negentropy.enabled, config.negentropy.filters)
+        hook = negentropy_hook(config)  # the indexes this configuration keeps (none when disabled)
+        index_checks = verify_index(conn, hook.specs if isinstance(hook, NegentropyIndex) else [])
     bad = 0
     for check in checks:
         label = check.table if check.table == check.projector else f"{check.projector}.{check.table}"

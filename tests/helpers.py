@@ -44,10 +44,15 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 class Client:
-    """A raw NIP-01 client over a real WebSocket: send lists, receive decoded messages."""
+    """A raw NIP-01 client over a real WebSocket: send lists, receive decoded messages.
+
+    The relay's NIP-42 `["AUTH", <challenge>]` is not returned by `recv`: the
+    latest one is kept in `challenge` ("" before any).
+    """
 
     def __init__(self, ws) -> None:
         self.ws = ws
+        self.challenge = ""
 
     @classmethod
     async def connect(cls, url: str, **kwargs) -> Client:
@@ -57,7 +62,12 @@ class Client:
         await self.ws.send(message if isinstance(message, (str, bytes)) else json.dumps(message))
 
     async def recv(self, timeout: float = 5.0):
-        return orjson.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+        while True:
+            message = orjson.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+            if message[:1] == ["AUTH"] and len(message) == 2 and type(message[1]) is str:
+                self.challenge = message[1]
+                continue
+            return message
 
     async def publish(self, event: dict) -> list:
         """Send an EVENT and return its OK reply."""

@@ -1,4 +1,4 @@
-"""Client and relay messages of NIP-01, NIP-45 and NIP-77: parse what comes in, encode what goes out.
+"""Client and relay messages of NIP-01, NIP-42, NIP-45 and NIP-77: parse what comes in, encode what goes out.
 
 Parsing turns one WebSocket text frame into an envelope; a frame that cannot
 be answered in kind raises `MessageError`, whose `verb` and `ref` tell the
@@ -27,6 +27,13 @@ class EventEnvelope:
     """`["EVENT", <event>]`: `event` is the still unvalidated JSON object."""
 
     event: object
+
+
+@dataclass(frozen=True, slots=True)
+class AuthEnvelope:
+    """`["AUTH", <signed kind-22242 event>]` (NIP-42): `event` is the still unvalidated JSON object."""
+
+    event: dict
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +148,7 @@ def _filters(message: list, verb: str, sub_id: str, max_filters: int, max_items:
 
 
 def parse_client_message(data: str | bytes, max_filters: int, max_items: int = 10_000):
-    """Parse one client frame into an Event/Req/Count/Close/Neg* envelope (NIP-01, NIP-45, NIP-77).
+    """Parse one client frame into an Event/Auth/Req/Count/Close/Neg* envelope (NIP-01, NIP-42, NIP-45, NIP-77).
 
     `max_filters` bounds the filters of one REQ or COUNT; `max_items` the
     length of each list inside a filter.
@@ -157,12 +164,13 @@ def parse_client_message(data: str | bytes, max_filters: int, max_items: int = 1
     if type(message) is not list or not message or type(message[0]) is not str:
         raise MessageError(Rejection("invalid", "message must be a JSON array starting with a verb"))
     verb = message[0]
-    if verb == "EVENT":
-        if len(message) != 2:
+    if verb in ("EVENT", "AUTH"):
+        # An EVENT's object is validated later (parse_event); an AUTH's must at least be an object.
+        if len(message) != 2 or (verb == "AUTH" and type(message[1]) is not dict):
             ref = message[1].get("id") if len(message) > 1 and type(message[1]) is dict else None
-            raise MessageError(Rejection("invalid", "EVENT takes exactly one event"), verb,
+            raise MessageError(Rejection("invalid", f"{verb} takes exactly one event"), verb,
                                ref if is_hex64(ref) else None)
-        return EventEnvelope(message[1])
+        return EventEnvelope(message[1]) if verb == "EVENT" else AuthEnvelope(message[1])
     if verb in ("REQ", "COUNT"):
         sub_id = _sub_id(message[1] if len(message) > 1 else None, verb)
         filters = _filters(message, verb, sub_id, max_filters, max_items)
@@ -209,6 +217,11 @@ def _parse_neg(message: list, verb: str, max_items: int):
 def encode_ok(event_id: str, accepted: bool, message: str = "") -> bytes:
     """`["OK", <event id>, <true|false>, <message>]` (NIP-01)."""
     return orjson.dumps(["OK", event_id, accepted, message])
+
+
+def encode_auth(challenge: str) -> bytes:
+    """`["AUTH", <challenge>]` (NIP-42, relay to client)."""
+    return orjson.dumps(["AUTH", challenge])
 
 
 def encode_event(sub_id: str, raw_event: bytes) -> bytes:

@@ -22,10 +22,13 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from relay.config import Config
+from relay.protocol.auth import AUTH_KIND
 from relay.protocol.event import Event, is_ephemeral
 from relay.server import nip11
+from relay.server.access import AccessPolicy
 from relay.server.connection import Connection
 from relay.server.negentropy import NegentropyService
+from relay.server.ratelimit import RateLimits
 from relay.server.subscriptions import SubscriptionIndex
 from relay.server.verifier import Verifier
 from relay.store.store import Store
@@ -46,6 +49,8 @@ class Relay:
         self.event_limits = config.limits.event_limits()
         self.subscriptions = SubscriptionIndex()
         self.verifier = Verifier(config.store.verify_threads)
+        self.access = AccessPolicy(config.auth, config.sync.peers)  # NIP-42 and write rules (server/access.py)
+        self.rate_limits = RateLimits(config.rate_limits)
         self.store: Store | None = None
         self.server: Server | None = None
         self.slow_readers = 0
@@ -59,7 +64,7 @@ class Relay:
         s = self.config.store
         from relay.hooks import hooks  # transaction hooks: projectors, ...
 
-        self.store = await Store.open(s.path, s.options(), hooks(self.config))
+        self.store = await Store.open(s.path, s.options(relay_url=self.config.server.public_url), hooks(self.config))
         self.store.add_listener(self._on_commit)
         self.negentropy = NegentropyService(self.config.negentropy, self.store, self.internal_error)
         try:
@@ -75,6 +80,10 @@ class Relay:
             self.verifier.close()
             raise
         self._background = [asyncio.create_task(self._purge_expired_forever(), name="expiry-purge")]
+        from relay.retention import is_configured, retention_forever  # [retention] rules and max_events
+
+        if is_configured(self.config):
+            self._background.append(asyncio.create_task(retention_forever(self.store, self.config), name="retention"))
         log.info("relay_started", url=self.url, db=str(s.path))
         from relay.sync.scheduler import start_sync  # peer sync: node key, [[sync.peers]] (relay/sync/)
 
@@ -108,19 +117,31 @@ class Relay:
         self.verifier.close()
         log.info("relay_stopped")
 
-    def accept(self, event: Event, done: Callable[[bool, str], None]) -> None:
-        """Store a validated event (ephemeral kinds only go live); `done(accepted, message)` gets the OK."""
+    def accept(self, event: Event, done: Callable[[bool, str], None], origin: str = "") -> None:
+        """Store a validated event (ephemeral kinds only go live); `done(accepted, message)` gets the OK.
+
+        `origin` is the URL of the peer it came from ("" when published here).
+        """
         if is_ephemeral(event.kind):
+            if event.kind == AUTH_KIND:  # NIP-42: never broadcast
+                done(False, f"invalid: kind {AUTH_KIND} is sent with AUTH, not EVENT (NIP-42)")
+                return
             self._fanout([event])
             done(True, "")
             return
-        self.store.enqueue(event, "", done)
+        self.store.enqueue(event, origin, done)
 
     def _on_commit(self, changes: Changes) -> None:
         self._fanout(changes.inserted)
 
     def _fanout(self, events: list[Event]) -> None:
+        private_kinds = self.access.private_kinds
         for event in events:
+            if event.kind in private_kinds:  # NIP-42: only to their authenticated author or recipient
+                for sub in self.subscriptions.match(event):
+                    if sub.connection.access.may_read(event):
+                        sub.deliver(event)
+                continue
             for sub in self.subscriptions.match(event):
                 sub.deliver(event)
 
@@ -136,11 +157,16 @@ class Relay:
 
     async def _handle(self, ws: ServerConnection) -> None:
         conn_id = next(self._conn_ids)
-        remote = ws.remote_address[0] if ws.remote_address else ""
+        headers = ws.request.headers
+        forwarded = headers.get_all("X-Forwarded-For")
+        remote = self.rate_limits.client_ip(ws.remote_address[0] if ws.remote_address else "",
+                                            ",".join(forwarded) if forwarded else None)
         structlog.contextvars.bind_contextvars(conn_id=conn_id, remote=remote)
         log.info("connection_opened")
+        # NIP-42 relay tag: the configured public URL, else the one this client connected to.
+        relay_url = self.config.server.public_url or f"ws://{headers.get('Host', '')}{ws.request.path}"
         try:
-            await Connection(ws, self).run()
+            await Connection(ws, self, remote, relay_url).run()
         finally:
             log.info("connection_closed", code=ws.close_code)
 

@@ -14,6 +14,9 @@ the sender gave it is disconnected and counted, so it slows no one else
 (one commit's events arrive at once: a burst while the socket drains is not
 slowness).  Other replies (NOTICE,
 CLOSED, COUNT) are written by the read loop itself, which waits for them.
+Access control (NIP-42 AUTH, write rules, private kinds) is `self.access`
+(relay/server/access.py); rate limits are `self.rate` (relay/server/ratelimit.py,
+None when this connection is not limited).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from relay.protocol.envelopes import (
+    AuthEnvelope,
     CloseEnvelope,
     CountEnvelope,
     EventEnvelope,
@@ -37,6 +41,7 @@ from relay.protocol.envelopes import (
     NegMsgEnvelope,
     NegOpenEnvelope,
     ReqEnvelope,
+    encode_auth,
     encode_closed,
     encode_count,
     encode_eose,
@@ -49,6 +54,8 @@ from relay.protocol.event import Event, is_hex64, parse_event
 from relay.protocol.filters import Filter
 from relay.protocol.rejection import Rejection
 from relay.server import policies
+from relay.server.access import ConnectionAccess
+from relay.server.ratelimit import EVENTS, NEG_OPENS, REFUSALS, REQS
 
 if TYPE_CHECKING:
     from relay.server.app import Relay
@@ -57,6 +64,11 @@ log = structlog.get_logger(__name__)
 
 _ID_SLICE = slice(7, 71)  # the id inside our canonical JSON: {"id":"<64 hex>",...
 _STORED_CHUNK = 64  # stored events written per flow-control wait
+
+
+def _ok(ref: object, accepted: bool, message: str) -> bytes:
+    """The OK answering an EVENT or AUTH whose id is `ref`; a NOTICE when `ref` is not an id."""
+    return encode_ok(ref, accepted, message) if is_hex64(ref) else encode_notice(message)
 
 
 class LiveSubscription:
@@ -84,9 +96,11 @@ class LiveSubscription:
 class Connection:
     """Serves one client socket until it closes; `run()` is the whole life."""
 
-    def __init__(self, ws: ServerConnection, relay: Relay) -> None:
+    def __init__(self, ws: ServerConnection, relay: Relay, ip: str, relay_url: str) -> None:
         self.ws = ws
         self.relay = relay
+        self.access = ConnectionAccess(relay.access, relay_url)
+        self.rate = relay.rate_limits.open(ip)
         self.subscriptions: dict[str, LiveSubscription] = {}
         self._limits = relay.config.limits
         self._in_flight = 0  # EVENTs whose OK has not been written yet
@@ -99,12 +113,14 @@ class Connection:
         self._queued_oks = 0
         self._sending = False  # the sender is writing or waits for the socket to take its last batch
         self._closing = False
-        self.negentropy = relay.negentropy.sessions_for(self.send)  # NIP-77 sessions (relay/server/negentropy.py)
+        self.negentropy = relay.negentropy.sessions_for(self.send, self.access)  # NIP-77 (relay/server/negentropy.py)
 
     async def run(self) -> None:
         """Read frames until the socket closes, then release everything held."""
         sender = asyncio.create_task(self._send_queued())
         try:
+            if self.relay.access.config.challenge_on_connect:
+                self._challenge()
             while True:
                 # Bytes, not str: orjson checks UTF-8 itself, so websockets need not decode.
                 await self._dispatch(await self.ws.recv(decode=False))
@@ -116,6 +132,7 @@ class Connection:
             for sub_id in list(self.subscriptions):
                 self._unsubscribe(sub_id)
             self.negentropy.close_all()
+            self.relay.rate_limits.close(self.rate)
 
     async def _dispatch(self, message: str | bytes) -> None:
         # The one broad catch of the message loop: a bug answers NOTICE, never kills the socket.
@@ -136,8 +153,12 @@ class Connection:
                 await self._count(envelope)
             elif type(envelope) is CloseEnvelope:
                 self._unsubscribe(envelope.sub_id)
+            elif type(envelope) is NegOpenEnvelope and (refusal := self._read_refusal([envelope.filter], NEG_OPENS)):
+                await self.negentropy.refuse(envelope.sub_id, refusal)
             elif type(envelope) in (NegOpenEnvelope, NegMsgEnvelope, NegCloseEnvelope):
                 await self.negentropy.handle(envelope)  # NIP-77, answered in order
+            elif type(envelope) is AuthEnvelope:
+                await self._auth(envelope.event)
         except MessageError as err:
             await self._answer_error(err)
         except ConnectionClosed:
@@ -147,7 +168,7 @@ class Connection:
             await self.send(encode_notice("error: internal"))
 
     async def _answer_error(self, err: MessageError) -> None:
-        if err.verb == "EVENT" and err.ref is not None:
+        if err.verb in ("EVENT", "AUTH") and err.ref is not None:
             await self.send(encode_ok(err.ref, False, str(err)))
         elif err.verb in ("REQ", "COUNT") and err.ref is not None:
             await self.send(encode_closed(err.ref, str(err)))
@@ -178,11 +199,18 @@ class Connection:
         # from the signature verifier and the writer; it ends in `_event_done`.
         ref = obj.get("id") if type(obj) is dict else None
         done = partial(self._event_done, ref)
+        if self.rate is not None and not self.rate.allow(EVENTS):
+            done(False, REFUSALS[EVENTS])
+            return
         try:
             now = time.time()
             event = parse_event(obj, self.relay.event_limits, now)
             policies.check_event(event, now)
+            if self.access.checks_writes:
+                self.access.check_write(event)
         except Rejection as rejection:
+            if rejection.prefix == "auth-required":
+                self._challenge()
             done(False, str(rejection))
             return
         except Exception as exc:
@@ -195,15 +223,52 @@ class Connection:
             done(False, "invalid: bad signature")
             return
         try:
-            self.relay.accept(event, done)
+            self.relay.accept(event, done, self.access.origin)
         except Exception as exc:
             done(False, self.relay.internal_error("event_failed", exc, event_id=event.id))
 
     def _event_done(self, ref: object, accepted: bool, message: str) -> None:
-        self._push_ok(encode_ok(ref, accepted, message) if is_hex64(ref) else encode_notice(message))
+        self._push_ok(_ok(ref, accepted, message))
+
+    def _challenge(self) -> None:
+        """Queue `["AUTH", <challenge>]` (NIP-42), once per connection."""
+        if not self.access.challenged:
+            self.access.challenged = True
+            self._out.append(encode_auth(self.access.challenge))
+            self._out_ready.set()
+
+    async def _auth(self, obj: dict) -> None:
+        ref = obj.get("id")
+        if self.rate is not None and not self.rate.allow(EVENTS):  # an AUTH costs a signature check, as an EVENT
+            await self.send(_ok(ref, False, REFUSALS[EVENTS]))
+            return
+        try:
+            pubkey = self.access.authenticate(obj, self.relay.event_limits, time.time())
+        except Rejection as rejection:
+            await self.send(_ok(ref, False, str(rejection)))
+            return
+        if self.access.origin:  # a configured peer: sync traffic is not rate limited
+            self.relay.rate_limits.close(self.rate)
+            self.rate = None
+        log.info("authenticated", pubkey=pubkey, peer=self.access.origin or None)
+        await self.send(encode_ok(ref, True, ""))
+
+    def _read_refusal(self, filters: list[Filter], action: int) -> str | None:
+        """Why a REQ, COUNT (action REQS) or NEG-OPEN (NEG_OPENS) is refused: rate limit, NIP-42; None: go ahead."""
+        if self.rate is not None and not self.rate.allow(action):
+            return REFUSALS[action]
+        try:
+            self.access.check_read(filters)
+        except Rejection as rejection:
+            self._challenge()
+            return str(rejection)
+        return None
 
     async def _req(self, req: ReqEnvelope) -> None:
         self._unsubscribe(req.sub_id)
+        if refusal := self._read_refusal(req.filters, REQS):
+            await self.send(encode_closed(req.sub_id, refusal))
+            return
         limit = self._limits.max_subscriptions
         if len(self.subscriptions) >= limit:
             await self.send(encode_closed(req.sub_id, f"rate-limited: too many subscriptions (max {limit})"))
@@ -220,7 +285,8 @@ class Connection:
             # One stored query at a time per connection: a client cannot hold every
             # read connection, nor more than one result set in memory.
             async with self._query_slot:
-                stored = await self.relay.store.query(sub.filters, self._limits.default_limit, self._limits.max_limit)
+                stored = await self.relay.store.query(sub.filters, self._limits.default_limit, self._limits.max_limit,
+                                                      self.access.private)
             for start in range(0, len(stored), _STORED_CHUNK):
                 await self.send_many([encode_event(sub.sub_id, raw) for raw in stored[start:start + _STORED_CHUNK]])
             await self.send(encode_eose(sub.sub_id))
@@ -244,9 +310,12 @@ class Connection:
             stored = None
 
     async def _count(self, req: CountEnvelope) -> None:
+        if refusal := self._read_refusal(req.filters, REQS):
+            await self.send(encode_closed(req.sub_id, refusal))
+            return
         try:
             async with self._query_slot:
-                count = await self.relay.store.count(req.filters)
+                count = await self.relay.store.count(req.filters, self.access.private)
         except Exception as exc:
             await self.send(encode_closed(req.sub_id, self.relay.internal_error("count_failed", exc)))
             return

@@ -18,6 +18,13 @@ one of two places:
   of `max_session_items` held by all sessions together (past it, NEG-ERR
   "blocked: ...").  Later messages are answered from memory.
 
+A connection that may not read every private kind (NIP-42; see
+relay/server/access.py) is never served from an index holding events it may
+not see: with the full-set filter and no private event visible to it (not
+authenticated), from the public set (every event but the private kinds',
+indexed alongside); otherwise from a SortedVector built by a query that
+leaves out the private events it may not see.
+
 Every message re-arms the session's idle timer; after `idle_timeout_seconds`
 without one the session ends with NEG-ERR "closed: ...".  Any NEG-ERR ends the
 session (NIP-77).  The connection's read loop awaits each NEG message before
@@ -44,7 +51,8 @@ from relay.protocol.envelopes import (
 )
 from relay.protocol.filters import Filter
 from relay.protocol.negentropy import Negentropy, NegentropyError, SortedVector
-from relay.store.negentropy_index import NegentropyIndex, query_vector, reconcile_from_index
+from relay.server.access import ConnectionAccess
+from relay.store.negentropy_index import GroupCache, NegentropyIndex, query_vector, reconcile_from_index
 from relay.store.store import Store
 
 log = structlog.get_logger(__name__)
@@ -65,12 +73,13 @@ class NegentropyService:
         self.config = config
         self.store = store
         self.index = next((h for h in store.hooks if isinstance(h, NegentropyIndex)), None)
+        self.cache = GroupCache(config.cache_items)
         self.items_held = 0
         self.internal_error = internal_error
 
-    def sessions_for(self, send: Send) -> ConnectionSessions:
-        """The sessions of one new connection; `send` writes one message to its socket."""
-        return ConnectionSessions(self, send)
+    def sessions_for(self, send: Send, access: ConnectionAccess) -> ConnectionSessions:
+        """The sessions of one new connection; `send` writes one message to its socket; `access` is its NIP-42 state."""
+        return ConnectionSessions(self, send, access)
 
     def reserve(self, wanted: int) -> int:
         """Take up to `wanted` items of the budget; returns how many were granted (maybe 0)."""
@@ -102,9 +111,10 @@ class _Refused(Exception):
 class ConnectionSessions:
     """The NIP-77 sessions of one connection: `handle` each NEG envelope, `close_all` at disconnect."""
 
-    def __init__(self, service: NegentropyService, send: Send) -> None:
+    def __init__(self, service: NegentropyService, send: Send, access: ConnectionAccess) -> None:
         self.service = service
         self._send = send
+        self._access = access
         self._sessions: dict[str, _Session] = {}
         self._closed = False
         self._tasks: set[asyncio.Task] = set()
@@ -158,8 +168,17 @@ class ConnectionSessions:
         if len(self._sessions) >= cap:
             await self.refuse(sub_id, f"blocked: too many negentropy sessions (max {cap})")
             return
-        index = self.service.index
-        session = _Session(sub_id, envelope.filter, None if index is None else index.filter_no(envelope.filter))
+        index, private = self.service.index, self._access.private
+        if index is None:
+            filter_no = None
+        elif private is None or not private.touches(envelope.filter):
+            filter_no = index.filter_no(envelope.filter)
+        elif not private.readers:  # sees no private event: the public set, if it is the full set asked for
+            filter_no = index.public_no(envelope.filter, private.kinds)
+        else:
+            filter_no = None  # sees some private events: a query leaves out the others'
+
+        session = _Session(sub_id, envelope.filter, filter_no)
         kept = False
         try:
             if session.filter_no is None:
@@ -197,7 +216,7 @@ class ConnectionSessions:
         session.held = granted = self.service.reserve(wanted)
         # One more row than granted tells "too many" apart from "exactly enough".
         fetch = granted if f.limit is not None and f.limit <= granted else granted + 1
-        vector = await self.service.store.read_snapshot(query_vector, f, fetch, int(time.time()))
+        vector = await self.service.store.read_snapshot(query_vector, f, fetch, int(time.time()), self._access.private)
         if vector.size() > granted:
             if granted < wanted:
                 raise _Refused("blocked: the relay holds too many negentropy items now, try again later")
@@ -212,7 +231,7 @@ class ConnectionSessions:
         if session.vector is not None:
             return Negentropy(session.vector, frame_size_limit).reconcile(message)
         return await self.service.store.read_snapshot(
-            reconcile_from_index, session.filter_no, session.filter, message, frame_size_limit)
+            reconcile_from_index, session.filter_no, session.filter, message, frame_size_limit, self.service.cache)
 
     async def _message(self, envelope: NegMsgEnvelope) -> None:
         sub_id = envelope.sub_id

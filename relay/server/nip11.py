@@ -8,7 +8,7 @@ import orjson
 
 from relay.config import Config
 
-SUPPORTED_NIPS = [1, 9, 11, 40, 45]
+SUPPORTED_NIPS = [1, 9, 11, 40, 42, 45, 62]
 
 
 def _version() -> str:
@@ -20,7 +20,7 @@ def _version() -> str:
 
 def document(config: Config) -> bytes:
     """The NIP-11 JSON document: identity from `[info]`, `limitation` from `[limits]`."""
-    info, limits = config.info, config.limits
+    info, limits, auth = config.info, config.limits, config.auth
     doc = {
         "name": info.name,
         "description": info.description,
@@ -37,9 +37,9 @@ def document(config: Config) -> bytes:
             "max_content_length": limits.max_content_bytes,
             "max_subid_length": 64,
             "created_at_upper_limit": limits.max_created_at_future_seconds,
-            "auth_required": False,
+            "auth_required": auth.write == "authenticated",  # NIP-42 AUTH needed before publishing
             "payment_required": False,
-            "restricted_writes": False,
+            "restricted_writes": auth.write != "all" or bool(auth.allow_kinds or auth.deny_kinds),
         },
     }
     if info.pubkey:

@@ -3,10 +3,12 @@
 How this works: `writes.apply_batch` reads, in a few set queries, everything
 the batch can touch (which of its ids exist, their tombstones, and for every
 coordinate it names: the high-water mark, the address tombstone and the live
-version).  `BatchPlan.settle` then walks the events in arrival order, with
-NIP-01 supersession and NIP-09 deletion decided in Python against that state
-(updated as it goes), and collects what to write: rows to insert, rows to
-remove, coordinates, tombstones.  The SQL that follows is a handful of
+version, and the NIP-62 and retention records of its authors and ids).
+`BatchPlan.settle` then walks the events in arrival order, with NIP-01
+supersession, NIP-09 deletion and NIP-62 requests to vanish decided in
+Python against that state (updated as it goes), and collects what to
+write: rows to insert, rows to remove, coordinates, tombstones, requests to
+vanish.  The SQL that follows is a handful of
 `executemany` calls, so the writer releases and retakes the GIL a few times
 per batch instead of several times per event.
 """
@@ -16,13 +18,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from relay.protocol.event import Event, is_addressable, is_decimal, is_hex64, is_replaceable
+from relay.protocol.vanish import VANISH_KIND, covered, names_relay
 
 STORED = (True, "")
 DUPLICATE = (True, "duplicate: already have this event")
 NEWER_VERSION = (False, "duplicate: have a newer version")
 DELETED = (False, "blocked: this event was deleted")
+VANISHED = (False, "blocked: deleted at its author's request to vanish (NIP-62)")
+EVICTED = (False, "blocked: deleted here by retention; not taken back from peers")
 
 DELETION_KIND = 5  # NIP-09
+UNDELETABLE_KINDS = (DELETION_KIND, VANISH_KIND)  # a kind-5 deletion of these has no effect (NIP-09, NIP-62)
 
 Coordinate = tuple[int, bytes, str]  # (kind, pubkey, d_tag): d_tag is "" for replaceable kinds
 
@@ -95,6 +101,8 @@ class BatchState:
     marks: dict[Coordinate, tuple[int, bytes]] = field(default_factory=dict)  # high-water marks
     until: dict[Coordinate, int] = field(default_factory=dict)  # address tombstones
     live: dict[Coordinate, Row] = field(default_factory=dict)  # live version per coordinate
+    vanished: dict[str, int] = field(default_factory=dict)  # NIP-62: hex pubkey -> created_at it vanished up to
+    evicted: set[bytes] = field(default_factory=set)  # ids removed by retention (refused from peers only)
 
 
 @dataclass(slots=True)
@@ -102,6 +110,7 @@ class BatchPlan:
     """The outcome of settling a batch: replies, and the writes that make them true."""
 
     state: BatchState
+    relay_urls: frozenset[tuple] = frozenset()  # this relay's URL keys (relay_url_key), for NIP-62 `relay` tags
     outcomes: list[tuple[bool, str]] = field(default_factory=list)
     inserts: dict[bytes, Row] = field(default_factory=dict)  # by id, in arrival order
     accepted: list[Event] = field(default_factory=list)
@@ -110,6 +119,7 @@ class BatchPlan:
     new_tombstones: list[tuple[bytes, bytes, bytes]] = field(default_factory=list)
     dirty_marks: set[Coordinate] = field(default_factory=set)
     dirty_until: set[Coordinate] = field(default_factory=set)
+    vanish_requests: list[tuple[bytes, int, bytes]] = field(default_factory=list)  # (pubkey, until, request id)
 
     def settle(self, event: Event, origin: str) -> None:
         """Decide one event in arrival order and append its (accepted, message) outcome."""
@@ -117,10 +127,16 @@ class BatchPlan:
 
     def _settle(self, event: Event, origin: str) -> tuple[bool, str]:
         idb, pk = bytes.fromhex(event.id), bytes.fromhex(event.pubkey)
+        # Before the duplicate check: a request earlier in this batch deletes stored events only at write time.
+        if self.state.vanished and covered(event.kind, event.pubkey, event.created_at, event.tag_values("p"),
+                                           self.state.vanished):
+            return VANISHED
         if idb in self.state.existing or idb in self.inserts:
             return DUPLICATE
-        # A deletion of a deletion has no effect (NIP-09): kind 5 ignores tombstones.
-        tombstoned = event.kind != DELETION_KIND and (idb, pk) in self.state.tombstones
+        if origin and idb in self.state.evicted:
+            return EVICTED  # peer sync never brings back what retention removed; a client may publish it again
+        # A deletion of a deletion (or of a request to vanish) has no effect (NIP-09): they ignore tombstones.
+        tombstoned = event.kind not in UNDELETABLE_KINDS and (idb, pk) in self.state.tombstones
         coordinate = coordinate_of(event, pk)
         if coordinate is not None:
             refusal = self._supersede(coordinate, event.created_at, idb, tombstoned)
@@ -137,6 +153,8 @@ class BatchPlan:
             self.state.live[coordinate] = row
         if event.kind == DELETION_KIND:
             self._delete(event, idb, pk)
+        elif names_relay(event, self.relay_urls):
+            self._vanish(event, idb, pk)
         return STORED
 
     def _supersede(self, coordinate: Coordinate, created_at: int, idb: bytes, tombstoned: bool):
@@ -194,8 +212,23 @@ class BatchPlan:
         if row is None:
             self.deleted_ids.append((tid, pk))  # stored before, if at all: SQL checks author and kind
             return
-        if row.pubkey != pk or row.kind == DELETION_KIND:
+        if row.pubkey != pk or row.kind in UNDELETABLE_KINDS:
             return
-        if row.d_tag is not None and self.state.live.get((row.kind, pk, row.d_tag)) is row:
-            del self.state.live[(row.kind, pk, row.d_tag)]
+        self._drop_insert(row)
+
+    def _drop_insert(self, row: Row) -> None:
+        """Remove a row this batch inserts or one read at batch start, and its coordinate's live entry."""
+        if row.d_tag is not None and self.state.live.get((row.kind, row.pubkey, row.d_tag)) is row:
+            del self.state.live[(row.kind, row.pubkey, row.d_tag)]
         self._remove(row)
+
+    def _vanish(self, request: Event, idb: bytes, pk: bytes) -> None:
+        """NIP-62: the author's events up to the request's created_at, and gift wraps p-tagging the author,
+        go and are refused from now on.  Those of this batch go here; stored ones at write time
+        (`vanish.select_covered`)."""
+        until = max(self.state.vanished.get(request.pubkey, -1), request.created_at)
+        self.state.vanished[request.pubkey] = until
+        self.vanish_requests.append((pk, until, idb))
+        for row in list(self.inserts.values()):
+            if covered(row.kind, row.pubkey.hex(), row.created_at, row.event.tag_values("p"), self.state.vanished):
+                self._drop_insert(row)

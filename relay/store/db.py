@@ -29,6 +29,9 @@ def migrations() -> list[tuple[int, str]]:
         name = entry.name
         if name.endswith(".sql") and name[:4].isdigit():
             found.append((int(name[:4]), entry.read_text(encoding="utf-8")))
+    numbers = [number for number, _ in found]
+    if len(set(numbers)) != len(numbers):  # two files with one number: only one would ever run
+        raise RuntimeError(f"migrations: a number is used twice in {sorted(numbers)}")
     return sorted(found)
 
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass, field
 
-from relay.protocol.filters import parse_filter
-from relay.store.negentropy_index import FULL_SET_SPEC, check_nodes, filter_spec, recompute
+from relay.store.negentropy_index import check_nodes, indexed_items, recompute
 
 
 @dataclass
@@ -37,13 +36,12 @@ class IndexCheck:
         return self.problem is None and not (self.missing or self.extra or self.nodes)
 
 
-def verify_index(conn: sqlite3.Connection, enabled: bool, filters: tuple[dict, ...] = ()) -> list[IndexCheck]:
-    """Check the negentropy index of the full set and of `filters` (`[negentropy] filters`) against `events`.
+def verify_index(conn: sqlite3.Connection, configured: list[str]) -> list[IndexCheck]:
+    """Check every stored negentropy index, and those `configured` (`NegentropyIndex.specs`), against `events`.
 
-    With `enabled` false no index is kept and none may be stored.  One
-    read transaction, so the comparison is of one snapshot.
+    An index configured but not stored, or stored but not configured, is a
+    problem.  One read transaction, so the comparison is of one snapshot.
     """
-    configured = [FULL_SET_SPEC, *(filter_spec(parse_filter(f)) for f in filters)] if enabled else []
     checks = []
     conn.execute("BEGIN")
     try:
@@ -54,7 +52,7 @@ def verify_index(conn: sqlite3.Connection, enabled: bool, filters: tuple[dict, .
             if spec not in stored or spec not in configured:
                 check.problem = "not built for this configuration: restart the relay"
                 continue
-            items = set(conn.execute("SELECT created_at, id FROM neg_items WHERE filter_no = ?", (stored[spec],)))
+            items = set(indexed_items(conn, stored[spec]))
             expected = set(recompute(conn, spec))
             check.items = len(items)
             check.missing = len(expected - items)

@@ -5,7 +5,8 @@ Each filter becomes ONE statement with bound parameters, ordered
 limit.  The driving index is chosen by the filter's shape: `ids` by the
 primary key, `authors` by (pubkey[, kind], created_at), a tag condition by the
 tag index, `kinds` by (kind, created_at), else by created_at.  Expired events
-(NIP-40) are never returned.
+(NIP-40) are never returned, nor, given `PrivateKinds`, events of a private
+kind that the reader is neither author nor `p`-tagged recipient of (NIP-42).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
+from relay.protocol.auth import PrivateKinds
 from relay.protocol.filters import Filter
 
 
@@ -39,8 +41,17 @@ def _tag_exists(name: str, values, params: list) -> str:
             + " AND t2.created_at = e.created_at AND t2.seq = e.seq)")
 
 
+def _private(private: PrivateKinds, params: list) -> str:
+    """Events of the private kinds only when by or `p`-tagging one of the readers (checked only for those kinds)."""
+    hidden = f"NOT ({_in('e.kind', private.kinds, params)})"
+    if not private.readers:
+        return hidden
+    return f"({hidden} OR {_in('e.pubkey', private.readers, params, bytes.fromhex)} OR " \
+           f"{_tag_exists('p', private.readers, params)})"
+
+
 def _conditions(f: Filter, now: int, params: list, time_column: str, skip_tag: str | None,
-                counting: bool = False) -> list[str]:
+                counting: bool = False, private: PrivateKinds | None = None) -> list[str]:
     where = []
     if f.ids is not None:
         where.append(_in("e.id", f.ids, params, bytes.fromhex))
@@ -57,6 +68,8 @@ def _conditions(f: Filter, now: int, params: list, time_column: str, skip_tag: s
     for name, values in f.tags:
         if name != skip_tag:
             where.append(_tag_exists(name, values, params))
+    if private is not None and private.touches(f):
+        where.append(_private(private, params))
     if counting:
         # Expired rows not yet purged are few: exclude them through the partial
         # expiration index, so a count can stay inside covering indexes.
@@ -84,14 +97,15 @@ def _from_clause(f: Filter, params: list) -> tuple[str, str, str | None]:
     return clause, "t.created_at", tag
 
 
-def compile_filter(f: Filter, limit: int, now: int) -> Compiled:
+def compile_filter(f: Filter, limit: int, now: int, private: PrivateKinds | None = None) -> Compiled:
     """SQL selecting (created_at, id, raw) of live events matching `f`, newest first, at most `limit`.
 
-    `now` is unix seconds, for NIP-40 expiry.
+    `now` is unix seconds, for NIP-40 expiry; `private` hides the private
+    kinds' events from a reader who may not see them (None: hide nothing).
     """
     params: list = []
     from_clause, time_column, tag = _from_clause(f, params)
-    where = " AND ".join(_conditions(f, now, params, time_column, tag))
+    where = " AND ".join(_conditions(f, now, params, time_column, tag, private=private))
     params.append(limit)
     # One event can hold several of the driving tag's values: DISTINCT keeps it once.
     distinct = "DISTINCT " if tag is not None and len(dict(f.tags)[tag]) > 1 else ""
@@ -100,11 +114,14 @@ def compile_filter(f: Filter, limit: int, now: int) -> Compiled:
     return Compiled(sql, tuple(params))
 
 
-def compile_count(f: Filter, now: int) -> Compiled:
-    """SQL selecting `e.seq` of every live event matching `f`, each once (NIP-45 counts ignore `limit`)."""
+def compile_count(f: Filter, now: int, private: PrivateKinds | None = None) -> Compiled:
+    """SQL selecting `e.seq` of every live event matching `f`, each once (NIP-45 counts ignore `limit`).
+
+    `private` as for `compile_filter`.
+    """
     params: list = []
     from_clause, time_column, tag = _from_clause(f, params)
-    where = " AND ".join(_conditions(f, now, params, time_column, tag, counting=True))
+    where = " AND ".join(_conditions(f, now, params, time_column, tag, counting=True, private=private))
     distinct = "DISTINCT " if tag is not None and len(dict(f.tags)[tag]) > 1 else ""
     return Compiled(f"SELECT {distinct}e.seq {from_clause} WHERE {where}", tuple(params))
 

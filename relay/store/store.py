@@ -23,6 +23,7 @@ from pathlib import Path
 import aiosqlite
 import structlog
 
+from relay.protocol.auth import PrivateKinds
 from relay.protocol.event import Event
 from relay.protocol.filters import Filter
 from relay.store import db
@@ -42,10 +43,17 @@ class StoreOptions:
     max_batch: int = 1024
     purge_batch: int = 1000
     checkpoint_interval_seconds: float = 1.0
+    relay_urls: frozenset[tuple] = frozenset()  # this relay's URL keys (relay_url_key), for NIP-62 requests to vanish
 
 
 class StoreFailed(RuntimeError):
     """The writer hit a database error; the store accepts nothing more."""
+
+
+def _purge_job(conn, hooks: Sequence[TransactionHook], max_rows: int) -> tuple[Changes, int]:
+    # `run_job` form of NIP-40's purge: the removals, and how many.
+    changes = purge_expired(conn, int(time.time()), max_rows, hooks)
+    return changes, len(changes.removed)
 
 
 class Store:
@@ -62,7 +70,8 @@ class Store:
         self._writer_conn: aiosqlite.Connection | None = None
         self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
-        self._pending: deque[tuple[Write | None, Callable[[bool, str], None]]] = deque()
+        # A Write, or a maintenance job (see `run_job`), with the callback of its outcome.
+        self._pending: deque[tuple[Write | Callable, Callable[[object, str], None]]] = deque()
         self._wakeup = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
@@ -149,8 +158,28 @@ class Store:
 
     async def purge_expired(self) -> int:
         """NIP-40: remove events whose expiration has passed, through the writer. Returns how many."""
+        return await self.run_job(_purge_job, self.options.purge_batch)
+
+    async def run_job(self, job: Callable, *args) -> object:
+        """Run `job(conn, hooks, *args) -> (Changes, result)` on the writer, between two batches; return `result`.
+
+        For maintenance (NIP-40 purge, retention): the job runs ONE short
+        transaction of its own on the write connection, handing every removal
+        to `hooks` as `writes.purge_expired` does, so client writes interleave
+        with a long job split into many.  Listeners get its `Changes`.
+
+        Raises:
+            StoreFailed: the writer has failed (before or while running it).
+        """
+        if self._failure is not None:
+            raise StoreFailed("the relay cannot store events now")
         future = self._loop.create_future()
-        self._pending.append((None, lambda removed, _: future.done() or future.set_result(removed)))
+
+        def done(result: object, failure: str) -> None:
+            if not future.done():
+                future.set_exception(StoreFailed(failure)) if failure else future.set_result(result)
+
+        self._pending.append((lambda conn, hooks: job(conn, hooks, *args), done))
         self._wakeup.set()
         return await future
 
@@ -174,19 +203,19 @@ class Store:
                 raise StoreFailed(f"database write failed: {exc!r}") from exc
 
     async def _write(self, batch: list) -> None:
-        writes = [(w, done) for w, done in batch if w is not None]
-        purges = [done for w, done in batch if w is None]
+        writes = [(w, done) for w, done in batch if isinstance(w, Write)]
+        jobs = [(w, done) for w, done in batch if not isinstance(w, Write)]
         if writes:
-            outcomes, changes = await db.run(self._writer_conn, apply_batch, [w for w, _ in writes], self.hooks)
+            outcomes, changes = await db.run(self._writer_conn, apply_batch, [w for w, _ in writes], self.hooks,
+                                             self.options.relay_urls)
             # call_soon: a failing callback is logged by the loop and never stops the writer.
             for (_, done), outcome in zip(writes, outcomes):
                 self._loop.call_soon(done, *outcome)
             self._notify(changes)
-        for done in purges:
-            changes = await db.run(self._writer_conn, purge_expired, int(time.time()), self.options.purge_batch,
-                                   self.hooks)
+        for job, done in jobs:
+            changes, result = await db.run(self._writer_conn, lambda conn: job(conn, self.hooks))
             self._notify(changes)
-            done(len(changes.removed), "")
+            done(result, "")
 
     def _notify(self, changes: Changes) -> None:
         for listener in self._listeners:
@@ -222,15 +251,17 @@ class Store:
 
         return await self._read(in_transaction, *args)
 
-    async def query(self, filters: list[Filter], default_limit: int, max_limit: int) -> list[bytes]:
+    async def query(self, filters: list[Filter], default_limit: int, max_limit: int,
+                    private: PrivateKinds | None = None) -> list[bytes]:
         """Raw JSON of the live events matching any filter, newest first (ties: lowest id).
 
         Each filter keeps its own `limit` (`default_limit` when absent,
         clamped to `max_limit`); `limit: 0` and empty filters select nothing.
+        `private` hides what the reader may not see of the private kinds (NIP-42).
         """
         now = int(time.time())
         compiled = [
-            compile_filter(f, min(max_limit, default_limit if f.limit is None else f.limit), now)
+            compile_filter(f, min(max_limit, default_limit if f.limit is None else f.limit), now, private)
             for f in filters
             if not f.is_empty() and f.limit != 0
         ]
@@ -238,10 +269,10 @@ class Store:
             return []
         return await self._read(run_query, compiled)
 
-    async def count(self, filters: list[Filter]) -> int:
-        """NIP-45: how many distinct live events match any of `filters`."""
+    async def count(self, filters: list[Filter], private: PrivateKinds | None = None) -> int:
+        """NIP-45: how many distinct live events match any of `filters` (and are visible, given `private`)."""
         now = int(time.time())
-        compiled = [compile_count(f, now) for f in filters if not f.is_empty()]
+        compiled = [compile_count(f, now, private) for f in filters if not f.is_empty()]
         if not compiled:
             return 0
         return await self._read(run_count, compiled)

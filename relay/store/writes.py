@@ -1,4 +1,4 @@
-"""The write transaction: insert, NIP-01 supersession, NIP-09 deletion, NIP-40 purge.
+"""The write transaction: insert, NIP-01 supersession, NIP-09 deletion, NIP-62 vanish, NIP-40 purge.
 
 `apply_batch` runs on the writer connection's thread and applies a whole batch
 of validated events in ONE transaction: read what the batch can touch, settle
@@ -11,6 +11,9 @@ accepted, whatever their order:
 - an address tombstone refuses versions of a coordinate up to its `until`;
 - a coordinate's high-water mark (newest `created_at`, lowest id on ties)
   survives deletion, so an older version never comes back.
+- a `vanished` record (NIP-62) refuses its author's events, and gift wraps
+  p-tagging it, up to its `until`;
+- an `evictions` record (retention) refuses the event when a peer sends it.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from typing import Protocol
 import orjson
 
 from relay.protocol.event import Event
+from relay.store import vanish
 from relay.store.batch import (
     DELETION_KIND,
+    UNDELETABLE_KINDS,
     BatchPlan,
     BatchState,
     Coordinate,
@@ -111,12 +116,17 @@ def _by_coordinate(cur: sqlite3.Cursor, select: str, table: str, coordinates: li
     return rows
 
 
-def _read_state(cur: sqlite3.Cursor, events: list[Event]) -> BatchState:
-    """Everything `events` can touch, in a few set queries."""
+def _read_state(cur: sqlite3.Cursor, writes: list[Write]) -> BatchState:
+    """Everything `writes` can touch, in a few set queries."""
+    events = [w.event for w in writes]
     state = BatchState(next_seq=cur.execute("SELECT coalesce(max(seq), 0) + 1 FROM events").fetchone()[0])
     ids = [bytes.fromhex(e.id) for e in events]
     state.existing = {r[0] for r in _ids_in(cur, "SELECT id FROM events WHERE id IN ({})", ids)}
     state.tombstones = set(_ids_in(cur, "SELECT id, pubkey FROM tombstones WHERE id IN ({})", ids))
+    state.vanished = {pk.hex(): until for pk, until in _ids_in(cur, vanish.VANISHED_SQL,
+                                                                  vanish.pubkeys_to_check(cur, events))}
+    from_peers = [bytes.fromhex(w.event.id) for w in writes if w.origin]
+    state.evicted = {r[0] for r in _ids_in(cur, "SELECT id FROM evictions WHERE id IN ({})", from_peers)}
     coordinates: dict[Coordinate, None] = {}
     for event in events:
         pk = bytes.fromhex(event.pubkey)
@@ -151,8 +161,8 @@ def _delete_by_id(cur: sqlite3.Cursor, targets: list[tuple[bytes, bytes]]) -> li
     rows = []
     for tid, pk in targets:
         rows += [Row(*r) for r in cur.execute(
-            "SELECT seq, id, pubkey, created_at, kind, d_tag, raw FROM events WHERE id = ? AND pubkey = ? AND kind != 5",
-            (tid, pk))]
+            "SELECT seq, id, pubkey, created_at, kind, d_tag, raw FROM events WHERE id = ? AND pubkey = ?"
+            f" AND kind NOT IN ({','.join('?' * len(UNDELETABLE_KINDS))})", (tid, pk, *UNDELETABLE_KINDS))]
     _delete_stored(cur, rows)
     return rows
 
@@ -162,6 +172,11 @@ def _write_plan(cur: sqlite3.Cursor, plan: BatchPlan) -> list[Row]:
     stored_removed = [r for r in plan.removed if r.event is None]
     _delete_stored(cur, stored_removed)
     stored_removed += _delete_by_id(cur, plan.deleted_ids)
+    for pubkey, until, _ in plan.vanish_requests:  # NIP-62, after the removals above: each row is removed once
+        covered = vanish.select_covered(cur, pubkey, until)
+        _delete_stored(cur, covered)
+        stored_removed += covered
+    vanish.record(cur, plan.vanish_requests)
     rows = list(plan.inserts.values())
     if rows:
         cur.executemany(
@@ -196,9 +211,12 @@ def _run_hooks(cur: sqlite3.Cursor, hooks: Sequence[TransactionHook], changes: C
             hook.apply(cur, changes)
 
 
-def apply_batch(conn: sqlite3.Connection, writes: list[Write],
-                hooks: Sequence[TransactionHook] = ()) -> tuple[list[tuple[bool, str]], Changes]:
+def apply_batch(conn: sqlite3.Connection, writes: list[Write], hooks: Sequence[TransactionHook] = (),
+                relay_urls: frozenset[tuple] = frozenset()) -> tuple[list[tuple[bool, str]], Changes]:
     """Apply `writes` and every hook in one IMMEDIATE transaction and commit.
+
+    `relay_urls` are this relay's URL keys (`relay_url_key`): a NIP-62 request to vanish naming one of them (or
+    `ALL_RELAYS`) is honoured in the same transaction.
 
     Returns one (accepted, message) outcome per write, in order, with the
     NIP-01 prefixes of an OK reply, and the `Changes` made.  Rolls back and
@@ -207,7 +225,7 @@ def apply_batch(conn: sqlite3.Connection, writes: list[Write],
     cur = conn.cursor()
     cur.execute("BEGIN IMMEDIATE")
     try:
-        plan = BatchPlan(_read_state(cur, [w.event for w in writes]))
+        plan = BatchPlan(_read_state(cur, writes), relay_urls)
         for w in writes:
             plan.settle(w.event, w.origin)
         stored_removed = _write_plan(cur, plan)

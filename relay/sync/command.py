@@ -52,7 +52,7 @@ async def sync_once(config: Config, url: str, filter_obj: dict, options: SyncOpt
     from relay.hooks import hooks  # transaction hooks (projectors, negentropy index): every writer must run them
 
     key = node_key(config)
-    store = await Store.open(config.store.path, config.store.options(read_connections=2), hooks(config))
+    store = await Store.open(config.store.path, config.store.options(2, config.server.public_url), hooks(config))
     states = await PeerStates.open(config.store.path)
     pool = ThreadPoolExecutor(config.store.verify_threads, thread_name_prefix="sync-verify")
     report = SyncReport()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import sys
 import time
 from pathlib import Path
 
@@ -12,11 +13,10 @@ import orjson
 import structlog
 from coincurve import PrivateKey
 
+from relay.protocol.auth import AUTH_KIND
 from relay.protocol.event import serialize_for_id
 
 log = structlog.get_logger(__name__)
-
-AUTH_KIND = 22242  # NIP-42 client authentication
 
 
 class NodeKeyError(RuntimeError):
@@ -91,6 +91,20 @@ def load_or_create(path: Path) -> NodeKey:
         return NodeKey(secret)
     except ValueError:
         raise NodeKeyError(f"{path}: must hold one 64-hex secret key") from None
+
+
+def run_key(path: Path) -> int:
+    """`relay key`: print the node's pubkey (64 hex, x-only, as `[[sync.peers]] pubkey` wants it) to stdout.
+
+    Creates the key file at `path` (mode 0600) when absent.  Exit code 0, or
+    1 with the reason on stderr when the file cannot be read or created.
+    """
+    try:
+        print(load_or_create(path).pubkey)
+    except NodeKeyError as exc:
+        print(f"relay: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def encode_auth(event: dict) -> bytes:

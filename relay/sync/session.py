@@ -18,7 +18,8 @@ one has just replaced it here.
 
 Replies that mean "the peer (or we) already settled this" are not errors
 (`classify`): duplicates, a newer version held, a deleted or expired event,
-strfry's `replaced:`, an id the peer no longer serves.
+strfry's `replaced:`, an id the peer no longer serves.  Needed ids that
+retention evicted here are settled without being fetched.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from relay.protocol.filters import Filter, parse_filter
 from relay.protocol.negentropy import Negentropy, SortedVector
 from relay.protocol.rejection import Rejection
 from relay.server import policies
+from relay.store.retention import evicted_among
 from relay.store.store import Store
 from relay.sync.peer import PeerConnection, PeerError
 
@@ -48,6 +50,7 @@ DIRECTIONS = ("down", "up", "both")
 STORED, SETTLED, ERROR = "stored", "settled", "error"
 MISSING = "missing: the peer did not serve it (expired or deleted there?)"
 GONE_LOCALLY = "gone: no longer stored here (superseded, deleted or expired)"
+EVICTED_HERE = "evicted: removed here by retention, not fetched back"
 _ID_SLICE = slice(7, 71)  # the id inside our canonical JSON: {"id":"<64 hex>",...
 
 
@@ -299,6 +302,11 @@ class _Fetcher:
         self.tasks.append(asyncio.create_task(self._fetch(batch)))
 
     async def _fetch(self, ids: list[str]) -> None:
+        evicted = await self.intake.store.read_snapshot(evicted_among, [bytes.fromhex(i) for i in ids])
+        if evicted:  # retention removed them here: never fetched back (relay/store/retention.py)
+            ids = [i for i in ids if bytes.fromhex(i) not in evicted]
+            self.report.settled[EVICTED_HERE] += len(evicted)
+            self.report.fetch_done += len(evicted)
         wanted = set(ids)
 
         def allowed(event: Event) -> str | None:

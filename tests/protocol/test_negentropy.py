@@ -47,7 +47,10 @@ from relay.protocol.negentropy import (
     decode_varint,
     encode_message,
     encode_varint,
+    encode_varints,
     fingerprint,
+    limbs_add,
+    limbs_sub,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -867,3 +870,30 @@ def test_our_initiator_against_nostr_tools_responder(
     assert cmp.need | peer_have == only_b
     js_responder.free()
     js_initiator_twin.free()
+
+
+_U256 = st.one_of(st.integers(0, 2**256 - 1), st.sampled_from([0, 1, 2**64 - 1, 2**64, 2**128 - 1, 2**256 - 1]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(pairs=st.lists(st.tuples(_U256, _U256), min_size=1, max_size=20))
+def test_limb_arithmetic_is_mod_2_256(pairs):
+    """limbs_add / limbs_sub on (m, 8) uint32 limbs equal Python's (a +/- b) mod 2**256, carries across every word."""
+    def limbs(values):
+        return np.frombuffer(b"".join(v.to_bytes(32, "little") for v in values), dtype="<u4").reshape(-1, 8)
+
+    def ints(arr):
+        return [int.from_bytes(row.tobytes(), "little") for row in arr]
+
+    a, b = limbs([x for x, _ in pairs]), limbs([y for _, y in pairs])
+    assert ints(limbs_add(a, b)) == [(x + y) % 2**256 for x, y in pairs]
+    assert ints(limbs_sub(a, b)) == [(x - y) % 2**256 for x, y in pairs]
+
+
+@settings(max_examples=100, deadline=None)
+@given(values=st.lists(st.one_of(st.integers(0, 2**64 - 1), st.sampled_from([0, 127, 128, 16383, 16384, 2**63])),
+                       min_size=1, max_size=30))
+def test_bulk_varints_equal_one_at_a_time(values):
+    """encode_varints' masked rows are exactly encode_varint's bytes, for every width up to 10 digits."""
+    cells, used = encode_varints(np.array(values, dtype=np.uint64))
+    assert [cells[k][used[k]].tobytes() for k in range(len(values))] == [encode_varint(v) for v in values]

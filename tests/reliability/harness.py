@@ -61,7 +61,11 @@ projector_rebuild_batch = 200      # a projector rebuild at start-up takes many 
 
 [negentropy]
 filters = [{ kinds = [0, 3, 10002, 30023] }]  # a second index kept in the write transaction
+
+[rate_limits]
+enabled = false                    # every connection comes from 127.0.0.1 at full speed
 """
+PRIVATE_KINDS = (4, 1059)  # [auth] private_kinds (the default): served to their author or recipient only
 STARTUP_KILL_ODDS = 0.15  # share of cycles killed during start-up rather than while publishing
 REVISION_CHANGE_ODDS = 0.2  # share of starts with the projectors' revision changed (a rebuild)
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "config" / "relay.toml"
@@ -81,10 +85,12 @@ def real_events(limit: int | None = None) -> list[dict]:
     """Real events whose fate does not depend on the clock or on events we do not send.
 
     Without kind 5 (their targets may be events we never send), NIP-40
-    expiration tags and ephemeral kinds.
+    expiration tags, ephemeral kinds and NIP-42 private kinds (an
+    unauthenticated REQ is not served them).
     """
     events = [e for e in read_jsonl(REAL_EVENTS)
-              if e["kind"] != 5 and not 20000 <= e["kind"] < 30000 and first_tag(e, "expiration") is None]
+              if e["kind"] != 5 and not 20000 <= e["kind"] < 30000 and e["kind"] not in PRIVATE_KINDS
+              and first_tag(e, "expiration") is None]
     return events[:limit]
 
 

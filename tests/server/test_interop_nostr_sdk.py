@@ -17,6 +17,7 @@ from datetime import timedelta
 import nostr_sdk as sdk
 import pytest
 
+from relay.config import AuthConfig
 from tests.helpers import REAL_EVENTS, Client, Keys
 
 TIMEOUT = timedelta(seconds=5)
@@ -404,14 +405,15 @@ async def test_live_subscription_gets_event_from_raw_client(relay, connect):
 
 
 def _regular_real_events(count: int) -> list[dict]:
-    """The first `count` real events of regular kinds, neither deletions nor carrying an expiration tag."""
+    """The first `count` real events of regular kinds, neither deletions, nor private kinds (served only after
+    NIP-42 AUTH), nor carrying an expiration tag."""
     chosen = []
     with REAL_EVENTS.open(encoding="utf-8") as f:
         for line in f:
             e = json.loads(line)
             k = e["kind"]
             regular = k in (1, 2) or 4 <= k < 45 or 1000 <= k < 10000
-            if regular and k != 5 and not any(t and t[0] == "expiration" for t in e["tags"]):
+            if regular and k != 5 and k not in AuthConfig().private_kinds and not any(t and t[0] == "expiration" for t in e["tags"]):
                 chosen.append(e)
                 if len(chosen) == count:
                     break

@@ -21,21 +21,25 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relay.protocol.event import EventLimits, parse_event
 from relay.protocol.filters import Filter, parse_filter
-from relay.protocol.negentropy import Bound, Negentropy, SortedVector, fingerprint
+from relay.protocol.negentropy import INFINITY, Bound, Negentropy, SortedVector, fingerprint
 from relay.store import db
 from relay.store.negentropy_index import (
     DropNegentropyIndex,
+    GroupCache,
     IndexReader,
     IndexView,
     NegentropyIndex,
     build_nodes,
     check_nodes,
     filter_spec,
+    indexed_items,
+    public_spec,
     reconcile_from_index,
     recompute,
     update_items,
@@ -128,7 +132,7 @@ def test_full_range_fingerprint_of_100k_items_reads_at_most_2000_rows(tmp_path):
 
     # A freshly built index is as cheap.
     conn.execute("BEGIN")
-    build_nodes(conn, number)
+    build_nodes(conn, number, indexed_items(conn, number))
     conn.execute("COMMIT")
     counting = CountingConnection(conn)
     reader = IndexReader(counting, number)
@@ -142,9 +146,7 @@ def test_reconciliation_messages_read_far_fewer_rows_than_items(tmp_path):
     rng = random.Random(2)
     items = sorted(synthetic(100_000, rng, 10**7))
     conn.execute("BEGIN")
-    conn.executemany("INSERT INTO neg_items (filter_no, created_at, id) VALUES (?, ?, ?)",
-                     [(number, c, i) for c, i in items])
-    build_nodes(conn, number)
+    build_nodes(conn, number, items)
     conn.execute("COMMIT")
     ours = set(items[:-500]) | {(T0 + 10**7 + k, rng.randbytes(32)) for k in range(30)}
     client = Negentropy(SortedVector.from_items(ours), 500_000)
@@ -161,6 +163,32 @@ def test_reconciliation_messages_read_far_fewer_rows_than_items(tmp_path):
     assert need == {i for _, i in items[-500:]}
     assert have == {i for _, i in ours - set(items)}
     assert max(rows) < 10_000, rows
+
+
+def test_group_cache_serves_unchanged_groups_and_never_stale_ones(tmp_path):
+    """A later message decodes no unchanged group again; a write below a group makes readers decode it anew."""
+    conn, _, number = open_index(tmp_path / "n.db", 16)  # small nodes: many groups
+    rng = random.Random(4)
+    items = sorted(synthetic(3000, rng, 10**6))
+    write(conn, number, items, (), 16)
+    groups = conn.execute("SELECT count(*) FROM neg_nodes WHERE filter_no = ? AND level = 2", (number,)).fetchone()[0]
+    assert groups > 10
+    cache = GroupCache(10**6)
+    everything = np.arange(len(items) + 1)
+    first = CountingConnection(conn)
+    reader = IndexReader(first, number, cache)
+    sums = IndexView(reader, [(0, reader.size)]).prefix_sums(everything)
+    assert first.rows > groups  # decoded every group from its buckets
+    again = CountingConnection(conn)
+    reader = IndexReader(again, number, cache)
+    assert np.array_equal(IndexView(reader, [(0, reader.size)]).prefix_sums(everything), sums)
+    assert again.rows == groups  # only the group rows, to check the stamps
+
+    extra = (items[1500][0], rng.randbytes(32))  # lands inside a middle group
+    write(conn, number, [extra], [items[10]], 16)
+    reader = IndexReader(conn, number, cache)
+    expected = sorted(set(items) - {items[10]} | {extra})
+    assert_same_storage(IndexView(reader, [(0, reader.size)]), SortedVector.from_items(expected), rng)
 
 
 # ---------------------------------------------------------------- agreement with SortedVector
@@ -186,6 +214,15 @@ def assert_same_storage(view: IndexView, vector: SortedVector, rng: random.Rando
         assert list(view.iter_ids(a, b)) == list(vector.iter_ids(a, b))
         bound = Bound(T0 + rng.randrange(-2, 60), rng.randbytes(rng.randrange(0, 4)))
         assert view.find_lower_bound(a, b, bound) == vector.find_lower_bound(a, b, bound)
+    # the bulk methods the reconciler uses
+    edges = np.array([0, n] + [rng.randrange(n + 1) for _ in range(30)])
+    assert np.array_equal(view.prefix_sums(edges), vector.prefix_sums(edges))
+    if n:
+        at = np.array([rng.randrange(n) for _ in range(30)])
+        assert all(np.array_equal(x, y) for x, y in zip(view.items_at(at), vector.items_at(at)))
+    bounds = [Bound(T0 + rng.randrange(-2, 60), rng.randbytes(rng.randrange(0, 4))) for _ in range(30)]
+    bounds += [Bound(INFINITY), *(Bound(*vector.get_item(i)) for i in range(0, n, max(1, n // 10)))]
+    assert view.lower_bounds(bounds).tolist() == vector.lower_bounds(bounds).tolist()
 
 
 def test_index_agrees_with_sorted_vector_on_random_ranges_and_windows(tmp_path):
@@ -216,6 +253,7 @@ def test_index_agrees_with_sorted_vector_on_random_ranges_and_windows(tmp_path):
 
 KEYS = [Keys(0xA11CE), Keys(0xB0B), Keys(0xCA401)]
 INDEXED = [{"kinds": [0, 30000]}, {"#t": ["x"]}, {"authors": [KEYS[0].pubkey], "kinds": [1]}]
+PRIVATE = (0, 4)  # NIP-42 private kinds: the public set leaves their events out
 _signed: dict[tuple, dict] = {}
 
 
@@ -259,7 +297,7 @@ def event_for(op: tuple, now: int, published: list[dict]) -> dict | None:
 
 
 async def run_operations(path: Path, ops: list[tuple], max_children: int) -> None:
-    hook = NegentropyIndex([parse_filter(f) for f in INDEXED], max_children=max_children)
+    hook = NegentropyIndex([parse_filter(f) for f in INDEXED], max_children=max_children, private_kinds=PRIVATE)
     store = await Store.open(path, StoreOptions(read_connections=1, checkpoint_interval_seconds=0), [hook])
     now = int(time.time())
     # Expiring events are built once per run, so their expirations do not vary between examples.
@@ -287,10 +325,9 @@ def assert_index_matches_events(path: Path) -> None:
     conn = sqlite3.connect(path)
     try:
         numbers = dict(conn.execute("SELECT spec, filter_no FROM neg_filters").fetchall())
-        assert set(numbers) == {"{}"} | {filter_spec(parse_filter(f)) for f in INDEXED}
+        assert set(numbers) == {"{}", public_spec(PRIVATE)} | {filter_spec(parse_filter(f)) for f in INDEXED}
         for spec, number in numbers.items():
-            stored = [(c, bytes(i)) for c, i in conn.execute(
-                "SELECT created_at, id FROM neg_items WHERE filter_no = ? ORDER BY created_at, id", (number,))]
+            stored = indexed_items(conn, number)
             assert stored == recompute(conn, spec), spec
             assert check_nodes(conn, number) == [], spec
             reader = IndexReader(conn, number)
@@ -341,14 +378,13 @@ def test_setup_builds_new_filters_drops_old_ones_and_rebuilds_after_disable(tmp_
     await_(publish([NegentropyIndex()], [sign(a, 1, [], T0 + 3)]))
     conn = sqlite3.connect(path)
     assert dict(conn.execute("SELECT spec, filter_no FROM neg_filters").fetchall()).keys() == {"{}"}
-    assert conn.execute("SELECT count(*) FROM neg_items WHERE filter_no != ?", (specs["{}"],)).fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM neg_nodes WHERE filter_no != ?", (specs["{}"],)).fetchone() == (0,)
     conn.close()
     assert_built(path)
 
     await_(publish([DropNegentropyIndex()], [sign(b, 1, [], T0 + 4)]))  # written while no index is kept
     conn = sqlite3.connect(path)
-    assert [conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
-            for t in ("neg_filters", "neg_items", "neg_nodes")] == [0, 0, 0]
+    assert [conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("neg_filters", "neg_nodes")] == [0, 0]
     conn.close()
     await_(publish([NegentropyIndex([kinds0])], []))
     assert_built(path)
@@ -358,8 +394,7 @@ def assert_built(path: Path) -> None:
     conn = sqlite3.connect(path)
     try:
         for spec, number in conn.execute("SELECT spec, filter_no FROM neg_filters").fetchall():
-            stored = [(c, bytes(i)) for c, i in conn.execute(
-                "SELECT created_at, id FROM neg_items WHERE filter_no = ? ORDER BY created_at, id", (number,))]
+            stored = indexed_items(conn, number)
             assert stored == recompute(conn, spec)
             assert check_nodes(conn, number) == []
     finally:

@@ -128,6 +128,8 @@ async def speaks_nip77(url: str) -> bool:
         await ws.send(json.dumps(["NEG-OPEN", "probe", {}, "6100000200"]))
         try:
             reply = json.loads(await asyncio.wait_for(ws.recv(), 5))
+            if reply[0] == "AUTH":  # a NIP-42 challenge sent on connect comes first
+                reply = json.loads(await asyncio.wait_for(ws.recv(), 5))
         except TimeoutError:
             return False
         return reply[0] == "NEG-MSG"

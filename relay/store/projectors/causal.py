@@ -83,6 +83,7 @@ class CausalSpec:
     seq_tag: str = "seq"
     prev_tag: str = "prev"
     revision: int = 1
+    protected: bool = False  # retention never removes an event of `kind` (relay/store/retention.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tables", tuple((t, sql) for t, sql in self.tables))

@@ -130,6 +130,8 @@ class ProjectorSpec:
     of the kind's storage class (module docstring); `indexes` are lists of
     column names (plain, non-unique indexes).  Bump `revision` to have the
     table rebuilt at the next start even though the spec did not change.
+    `protected`: retention never removes an event of `kind` (every one backs,
+    or may back, a row), see relay/store/retention.py; it changes no row.
 
     Raises:
         SpecError: on construction, for anything invalid; the message starts
@@ -143,6 +145,7 @@ class ProjectorSpec:
     indexes: tuple[tuple[str, ...], ...] = ()
     row_per_tag: str | None = None
     revision: int = 1
+    protected: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", tuple(
@@ -218,6 +221,8 @@ class ProjectorSpec:
         out["fields"] = fields
         if self.indexes:
             out["indexes"] = [list(ix) for ix in self.indexes]
+        if self.protected:
+            out["protected"] = True
         return out
 
     @classmethod
@@ -225,7 +230,7 @@ class ProjectorSpec:
         """Build a spec from one `[[projectors]]` TOML table.
 
         Keys: table, kind, fields (array of {name, type, source, required?,
-        default?}), primary_key, indexes?, row_per_tag?, revision?.
+        default?}), primary_key, indexes?, row_per_tag?, revision?, protected?.
 
         Raises:
             SpecError: an unknown or missing key, a value of the wrong type, or
@@ -235,7 +240,7 @@ class ProjectorSpec:
             raise SpecError("projector: must be a table")
         table = data.get("table")
         label = f"projector {table!r}" if isinstance(table, str) else "projector (no table)"
-        known = {"table", "kind", "fields", "primary_key", "indexes", "row_per_tag", "revision"}
+        known = {"table", "kind", "fields", "primary_key", "indexes", "row_per_tag", "revision", "protected"}
         for key in data:
             if key not in known:
                 raise SpecError(f"{label}: unknown key {key!r}")
@@ -245,6 +250,7 @@ class ProjectorSpec:
         _expect(label, "table", table, str)
         _expect(label, "kind", data["kind"], int)
         _expect(label, "revision", data.get("revision", 1), int)
+        _expect(label, "protected", data.get("protected", False), bool)
         _expect(label, "fields", data["fields"], list)
         _expect(label, "primary_key", data["primary_key"], list)
         _expect(label, "indexes", data.get("indexes", []), list)
@@ -254,13 +260,15 @@ class ProjectorSpec:
             _expect(label, "indexes", ix, list)
         return cls(table=table, kind=data["kind"], fields=tuple(_field_from_dict(table, f) for f in data["fields"]),
                    primary_key=tuple(data["primary_key"]), indexes=tuple(tuple(ix) for ix in data.get("indexes", [])),
-                   row_per_tag=data.get("row_per_tag"), revision=data.get("revision", 1))
+                   row_per_tag=data.get("row_per_tag"), revision=data.get("revision", 1),
+                   protected=data.get("protected", False))
 
 
 def spec_hash(spec: ProjectorSpec) -> str:
-    """Hex SHA-256 of everything in the spec but its revision, plus ENGINE_VERSION."""
+    """Hex SHA-256 of everything in the spec but its revision and `protected`, plus ENGINE_VERSION."""
     body = spec.to_dict()
     del body["revision"]
+    body.pop("protected", None)  # retention only: no row depends on it
     body["engine_version"] = ENGINE_VERSION
     return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
 

@@ -1,0 +1,155 @@
+"""Rate limits per connection and per client IP: token buckets (the `token_bucket` library).
+
+How this works: every limited connection holds a `ConnectionRate` with its
+own buckets (EVENT/AUTH, REQ/COUNT, NEG-OPEN) and the buckets of its client
+IP, shared by all connections from that IP; a message passes when both have
+a token.  An IP's buckets are kept while it has connections open and, after
+its last one closes, until they would have refilled anyway
+(`burst / rate` seconds), at most `max_idle_ips` of them, so memory is bounded
+by the open connections.  The client IP is the socket's peer address, or the
+`X-Forwarded-For` client when the peer is a trusted proxy; exempt IPs are not
+limited at all.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from collections import OrderedDict
+
+from token_bucket import Limiter, MemoryStorage
+
+from relay.config import RateLimitConfig
+
+EVENTS, REQS, NEG_OPENS = 0, 1, 2
+"""The limited actions: EVENT and AUTH; REQ and COUNT; NEG-OPEN."""
+REFUSALS = ("rate-limited: too many events, slow down", "rate-limited: too many subscriptions, slow down",
+            "rate-limited: too many negentropy sessions, slow down")
+"""The NIP-01 reply of each refused action."""
+MAX_IDLE_IPS = 100_000
+"""Default: IPs without an open connection whose buckets are kept (the oldest are dropped first)."""
+_KEYS = ("events", "reqs", "neg_opens")
+
+
+def _networks(items) -> list:
+    return [ipaddress.ip_network(item, strict=False) for item in items]
+
+
+def _within(address: str, networks: list) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in network for network in networks)
+
+
+class _Buckets:
+    """One token bucket per action (None: not limited), in one `MemoryStorage`."""
+
+    __slots__ = ("limiters",)
+
+    def __init__(self, specs: tuple[tuple[float, int], ...]) -> None:
+        storage = MemoryStorage()
+        self.limiters = tuple(Limiter(rate, burst, storage) if rate > 0 else None for rate, burst in specs)
+
+    def take(self, action: int) -> bool:
+        limiter = self.limiters[action]
+        return limiter is None or limiter.consume(_KEYS[action])
+
+
+class _IpState:
+    __slots__ = ("buckets", "connections", "idle_since")
+
+    def __init__(self, buckets: _Buckets) -> None:
+        self.buckets = buckets
+        self.connections = 0
+        self.idle_since = 0.0
+
+
+class ConnectionRate:
+    """The buckets one connection draws on: its own, then its client IP's."""
+
+    __slots__ = ("ip", "_own", "_shared")
+
+    def __init__(self, ip: str, own: _Buckets, shared: _IpState) -> None:
+        self.ip = ip
+        self._own = own
+        self._shared = shared
+
+    def allow(self, action: int) -> bool:
+        """Take a token for `action` (EVENTS, REQS, NEG_OPENS); False when over the rate (reply REFUSALS[action])."""
+        return self._own.take(action) and self._shared.buckets.take(action)
+
+
+class RateLimits:
+    """`[rate_limits]` for the whole relay: resolves client IPs and hands out `ConnectionRate`s."""
+
+    def __init__(self, config: RateLimitConfig, max_idle_ips: int = MAX_IDLE_IPS) -> None:
+        self.config = config
+        self.max_idle_ips = max_idle_ips
+        self._exempt = _networks(config.exempt)
+        self._trusted = _networks(config.trusted_proxies)
+        self._own = ((config.events_per_second, config.events_burst), (config.reqs_per_second, config.reqs_burst),
+                     (config.neg_opens_per_second, config.neg_opens_burst))
+        self._per_ip = ((config.ip_events_per_second, config.ip_events_burst),
+                        (config.ip_reqs_per_second, config.ip_reqs_burst),
+                        (config.ip_neg_opens_per_second, config.ip_neg_opens_burst))
+        # An idle IP's buckets are full again after this long: forgetting them then changes nothing.
+        self._refill_seconds = max((burst / rate for rate, burst in self._per_ip if rate > 0), default=0.0)
+        self._ips: dict[str, _IpState] = {}
+        self._idle: OrderedDict[str, _IpState] = OrderedDict()
+
+    def client_ip(self, peer: str, forwarded_for: str | None) -> str:
+        """The client's IP: `peer` (the socket's), or from `forwarded_for` when `peer` is a trusted proxy.
+
+        `forwarded_for` is the X-Forwarded-For value ("client, proxy1, ...",
+        several headers joined by commas); it is read from the right, past
+        trusted proxies, since only the hops our proxies appended are true.
+        """
+        if forwarded_for is None or not self._trusted or not _within(peer, self._trusted):
+            return peer
+        client = peer
+        for hop in reversed(forwarded_for.split(",")):
+            hop = hop.strip()
+            try:
+                ipaddress.ip_address(hop)
+            except ValueError:
+                return client  # not written by a proxy of ours: the last trusted hop is all we know
+            client = hop
+            if not _within(hop, self._trusted):
+                break
+        return client
+
+    def open(self, ip: str) -> ConnectionRate | None:
+        """The rate of a new connection from `ip`; None when it is not limited (disabled, or `ip` exempt)."""
+        if not self.config.enabled or _within(ip, self._exempt):
+            return None
+        self._forget_idle()
+        state = self._ips.get(ip) or self._idle.pop(ip, None)
+        if state is None:
+            state = _IpState(_Buckets(self._per_ip))
+        self._ips[ip] = state
+        state.connections += 1
+        return ConnectionRate(ip, _Buckets(self._own), state)
+
+    def close(self, rate: ConnectionRate | None) -> None:
+        """The connection holding `rate` is gone (or no longer limited); None does nothing."""
+        if rate is None:
+            return
+        state = self._ips.get(rate.ip)
+        if state is None:
+            return
+        state.connections -= 1
+        if state.connections <= 0:
+            del self._ips[rate.ip]
+            state.idle_since = time.monotonic()
+            self._idle[rate.ip] = state
+
+    def _forget_idle(self) -> None:
+        now = time.monotonic()
+        idle = self._idle
+        while idle:
+            state = next(iter(idle.values()))
+            if len(idle) <= self.max_idle_ips and now - state.idle_since < self._refill_seconds:
+                break
+            idle.popitem(last=False)

@@ -1,0 +1,66 @@
+"""`relay key`: prints the node's pubkey for a peer's `[[sync.peers]] pubkey`, creating the key file if absent."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+import relay.cli
+from relay.protocol.event import is_hex64
+from tests.ops.deployment import node_pubkey
+from tests.test_cli import relay_cli
+
+
+@pytest.fixture
+def key_command(monkeypatch, capsys):
+    """`relay key ARGS` in this process, without RELAY_* variables: (exit code, last stdout line, stderr).
+
+    Logging is left unconfigured (configuring it would bind this test's captured stderr for good), so
+    structlog's default prints its log lines to stdout, before the pubkey; the last line is the command's.
+    """
+    monkeypatch.setattr(relay.cli, "configure_logging", lambda *_args: None)
+    for name in [n for n in os.environ if n.startswith("RELAY_")]:
+        monkeypatch.delenv(name)
+
+    def run(*args) -> tuple[int, str, str]:
+        code = relay.cli.main(["key", *map(str, args)])
+        out = capsys.readouterr()
+        return code, (out.out.splitlines() or [""])[-1], out.err
+
+    return run
+
+
+def test_key_creates_a_private_key_file_and_prints_its_pubkey(tmp_path, key_command):
+    """A missing --file is created (mode 0600, 64 hex); the pubkey printed is that key's, the same on a later run."""
+    path = tmp_path / "keys" / "node-c.key"
+    first = relay_cli("key", "--file", path)  # the real command line, once
+    assert first.returncode == 0, first.stderr
+    pubkey = first.stdout.strip()
+    assert is_hex64(pubkey) and first.stdout == pubkey + "\n"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert pubkey == node_pubkey(path)
+    secret = path.read_text()
+    assert key_command("--file", path) == (0, pubkey, "")
+    assert path.read_text() == secret
+
+
+def test_key_without_file_uses_the_configured_or_default_key_path(tmp_path, key_command):
+    """Without --file: `[sync] secret_key_file` when set, else sync.key beside the database (as `relay serve`)."""
+    configured = tmp_path / "configured.key"
+    config = tmp_path / "relay.toml"
+    config.write_text(f'[sync]\nsecret_key_file = "{configured}"\n')
+    code, out, err = key_command("--config", config)
+    assert code == 0 and out == node_pubkey(configured), err
+    code, out, err = key_command("--db", tmp_path / "db" / "relay.db")
+    assert code == 0 and out == node_pubkey(tmp_path / "db" / "sync.key"), err
+
+
+def test_key_file_without_a_valid_key_exits_1_naming_it(tmp_path, key_command):
+    """A key file that does not hold 64 hex characters is left alone: exit 1, its path on stderr, nothing on stdout."""
+    path = tmp_path / "broken.key"
+    path.write_text("not a key\n")
+    code, out, err = key_command("--file", path)
+    assert code == 1 and not is_hex64(out) and str(path) in err
+    assert path.read_text() == "not a key\n"
