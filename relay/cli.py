@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
 def _projector_parsers(commands, common: argparse.ArgumentParser) -> None:
     """`verify`, `projectors list | rebuild NAME | refusals`, `query TABLE` (bodies in relay/projector_commands.py)."""
     commands.add_parser("verify", parents=[common],
-                        help="recompute every projected table from the events; exit 1 on any difference")
+                        help="recompute every projected table and negentropy index from the events; exit 1 on any difference")
     proj = commands.add_parser("projectors", parents=[common], help="projected tables: list, rebuild, refusals")
     actions = proj.add_subparsers(dest="action", required=True)
     actions.add_parser("list", parents=[common], help="projectors with kind, revision, state, rows, refusals")

@@ -16,7 +16,10 @@ from pathlib import Path
 import orjson
 
 from relay.config import Config
+from relay.hooks import negentropy_hook
 from relay.store import db
+from relay.store.negentropy_index import NegentropyIndex
+from relay.store.negentropy_verify import IndexCheck, verify_index
 from relay.store.projectors.causal import CausalSpec
 from relay.store.projectors.engine import force_rebuild, pending_reason
 from relay.store.projectors.tables import ensure_store_tables, quote, read_meta, table_exists
@@ -41,11 +44,12 @@ def _has_refusal_log(conn: sqlite3.Connection) -> bool:
 
 
 def run_verify(config: Config) -> int:
-    """`relay verify`: recompute every projected table from the events and compare.
+    """`relay verify`: recompute every projected table and the negentropy index from the events and compare.
 
     Prints one line per table ("ok" or counts of missing, orphan and
-    mismatched rows, with up to 10 keys of each) and returns 0 when every
-    table agrees, 1 when any does not, 2 when there is no database.
+    mismatched rows, with up to 10 keys of each), then one per indexed
+    filter, and returns 0 when everything agrees, 1 when anything does not,
+    2 when there is no database.
     """
     conn = _open_readonly(config.store.path)
     if conn is None:
@@ -55,6 +59,8 @@ def run_verify(config: Config) -> int:
         refused = dict(conn.execute("SELECT projector, count(*) FROM projector_refusals GROUP BY projector")
                        .fetchall()) if _has_refusal_log(conn) else {}
         removed = [name for name in read_meta(conn) if name not in {s.name for s in config.projectors}]
+        hook = negentropy_hook(config)  # the indexes this configuration keeps (none when disabled)
+        index_checks = verify_index(conn, hook.specs if isinstance(hook, NegentropyIndex) else [])
     bad = 0
     for check in checks:
         label = check.table if check.table == check.projector else f"{check.projector}.{check.table}"
@@ -78,7 +84,25 @@ def run_verify(config: Config) -> int:
         print(f"{name}: no longer configured (table kept, not maintained, not checked)")
     print(f"relay verify: {len(checks) - bad} of {len(checks)} projected tables agree with the events"
           + ("" if not bad else f"; {bad} do not"))
-    return 1 if bad else 0
+    return 1 if bad or not _print_index_checks(index_checks) else 0
+
+
+def _print_index_checks(checks: list[IndexCheck]) -> bool:
+    """One line per indexed filter (NIP-77), then a summary; True when every index agrees with the events."""
+    for check in checks:
+        label = f"negentropy index {check.spec}"
+        if check.problem:
+            print(f"{label}: {check.problem}")
+        elif check.ok:
+            print(f"{label}: ok, {check.items} items")
+        else:
+            print(f"{label}: {check.missing} events missing, {check.extra} items without an event, "
+                  f"{len(check.nodes)} node problems")
+            for problem in check.nodes[:SHOWN_PER_KIND]:
+                print(f"  {problem}")
+    good = sum(check.ok for check in checks)
+    print(f"relay verify: {good} of {len(checks)} negentropy indexes agree with the events")
+    return good == len(checks)
 
 
 def projector_states(conn: sqlite3.Connection, config: Config) -> list[dict]:

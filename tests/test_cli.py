@@ -8,14 +8,11 @@ import hashlib
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
 import time
 import tomllib
-import urllib.error
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -24,23 +21,17 @@ from coincurve import PublicKeyXOnly
 
 from relay.config import Config, load_config
 from tests.helpers import REAL_EVENTS, Client, Keys, read_jsonl
+from tests.model import expected_live, first_tag
+from tests.served import Served, answers_health, clean_env, http_get
 
 REPO = Path(__file__).resolve().parents[1]
 REPO_CONFIG = REPO / "config" / "relay.toml"
 RUN_TIMEOUT = 60  # seconds for one offline subcommand
-START_TIMEOUT = 15  # seconds for `relay serve` to answer /health
 REPORT = re.compile(r"^read (\d+): stored (\d+), duplicate (\d+), ephemeral \(not stored\) (\d+), rejected (\d+)$")
 REASON = re.compile(r"^  rejected (\d+): (.+)$")
 
 
 # --- helpers -------------------------------------------------------------------------------------------
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without any RELAY_* variable, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
-    env.update(extra)
-    return env
 
 
 def relay_cli(*args, env: dict | None = None, cwd: Path | None = None, stdin: bytes | None = None):
@@ -55,20 +46,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def http_get(port: int, path: str = "/", headers: dict | None = None, timeout: float = 2.0):
-    """(status, headers, body) of a GET on 127.0.0.1:port."""
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return response.status, response.headers, response.read()
-
-
-def answers_health(port: int) -> bool:
-    try:
-        return http_get(port, "/health", timeout=1.0)[0] == 200
-    except (OSError, urllib.error.URLError):
-        return False
 
 
 @dataclasses.dataclass
@@ -101,133 +78,6 @@ def check_event(event: dict) -> None:
                           separators=(",", ":"), ensure_ascii=False).encode()
     assert hashlib.sha256(preimage).hexdigest() == event["id"]
     assert PublicKeyXOnly(bytes.fromhex(event["pubkey"])).verify(bytes.fromhex(event["sig"]), bytes.fromhex(event["id"]))
-
-
-def _first_tag(event: dict, name: str) -> str | None:
-    return next((t[1] for t in event["tags"] if len(t) > 1 and t[0] == name), None)
-
-
-def _replaceable(kind: int) -> bool:
-    return kind in (0, 3) or 10000 <= kind < 20000
-
-
-def _addressable(kind: int) -> bool:
-    return 30000 <= kind < 40000
-
-
-def expected_live(events: list[dict], now: float) -> dict[str, dict]:
-    """An independent model of what a NIP-01/09/40 relay keeps of `events`, whatever their order.
-
-    Ephemeral kinds and expired events are not kept; per replaceable/addressable
-    coordinate the newest (lowest id on a tie) version; then each kind 5
-    removes its author's events named by `e` tags (not deletions) and the
-    author's versions up to its created_at of the coordinates named by `a` tags.
-    """
-    kept: dict[str, dict] = {}
-    newest: dict[tuple, dict] = {}
-    for e in events:
-        kind = e["kind"]
-        expiration = _first_tag(e, "expiration")
-        if 20000 <= kind < 30000:
-            continue
-        if expiration is not None and expiration.isdigit() and len(expiration) <= 18 and int(expiration) <= now:
-            continue
-        if _replaceable(kind) or _addressable(kind):
-            key = (kind, e["pubkey"], (_first_tag(e, "d") or "") if _addressable(kind) else "")
-            best = newest.get(key)
-            if best is None or (e["created_at"], best["id"]) > (best["created_at"], e["id"]):
-                newest[key] = e
-        else:
-            kept[e["id"]] = e
-    kept.update({e["id"]: e for e in newest.values()})
-    for deletion in [e for e in kept.values() if e["kind"] == 5]:
-        for tag in deletion["tags"]:
-            if len(tag) < 2:
-                continue
-            if tag[0] == "e":
-                target = kept.get(tag[1])
-                if target is not None and target["pubkey"] == deletion["pubkey"] and target["kind"] != 5:
-                    del kept[tag[1]]
-            elif tag[0] == "a":
-                parts = tag[1].split(":", 2)
-                if len(parts) != 3 or parts[1] != deletion["pubkey"] or not parts[0].isdigit():
-                    continue
-                kind, d = int(parts[0]), parts[2]
-                for i, x in list(kept.items()):
-                    if (x["kind"] == kind and x["pubkey"] == deletion["pubkey"]
-                            and x["created_at"] <= deletion["created_at"]
-                            and (_replaceable(kind) or (_addressable(kind) and (_first_tag(x, "d") or "") == d))):
-                        del kept[i]
-    return kept
-
-
-class Served:
-    """`python -m relay serve ARGS` as a subprocess, logs to files; always terminated on exit."""
-
-    def __init__(self, tmp_path: Path, *args, env: dict | None = None) -> None:
-        self.tmp_path = tmp_path
-        self.args = [sys.executable, "-m", "relay", "serve", *map(str, args)]
-        self.env = env or clean_env()
-        self.proc: subprocess.Popen | None = None
-        self.stderr_path = tmp_path / f"serve-{time.monotonic_ns()}.stderr"
-
-    def __enter__(self) -> Served:
-        self._stderr = self.stderr_path.open("wb")
-        self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=self._stderr, env=self.env, cwd=self.tmp_path)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        try:
-            if self.proc.poll() is None:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait(timeout=10)
-        finally:
-            self._stderr.close()
-
-    @property
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace")
-
-    def log_events(self) -> list[dict]:
-        """The JSON log lines written so far (logs are JSON when stderr is not a terminal)."""
-        out = []
-        for line in self.stderr.splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-        return out
-
-    def started_url(self) -> str:
-        """ws://host:port from the `relay_started` log line, waiting for it (bounded)."""
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            for entry in self.log_events():
-                if entry.get("event") == "relay_started":
-                    return entry["url"]
-            assert self.proc.poll() is None, f"relay exited with {self.proc.returncode}:\n{self.stderr}"
-            time.sleep(0.05)
-        raise AssertionError(f"no relay_started log line within {START_TIMEOUT}s:\n{self.stderr}")
-
-    def wait_health(self, port: int) -> None:
-        """Poll GET /health on `port` until it answers 200 (bounded); fail early if the process died."""
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"relay exited with {self.proc.returncode}:\n{self.stderr}"
-            if answers_health(port):
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"/health on port {port} did not answer within {START_TIMEOUT}s:\n{self.stderr}")
-
-    def stop(self) -> int:
-        """SIGTERM, then the exit code (bounded wait)."""
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=15)
 
 
 def export_ids(db: Path, *args) -> list[str]:
@@ -274,7 +124,7 @@ def test_import_prints_the_report_and_exits_0(imported, real_events):
     assert report.ephemeral == sum(1 for e in real_events if 20000 <= e["kind"] < 30000)
     now = time.time()
     expired = sum(1 for e in real_events
-                  if (x := _first_tag(e, "expiration")) and x.isdigit() and len(x) <= 18 and int(x) <= now)
+                  if (x := first_tag(e, "expiration")) and x.isdigit() and len(x) <= 18 and int(x) <= now)
     assert report.reasons["invalid: event has expired"] == expired
     assert all(reason.split(":")[0] in ("invalid", "duplicate", "blocked") for reason in report.reasons), report.reasons
     assert report.stored > 0.9 * report.total

@@ -9,8 +9,10 @@ then a task sends the stored results (paced by the socket's send buffer) and
 EOSE, then the live events that arrived meanwhile, de-duplicated.  OKs and
 live events wait in one outgoing queue that a sender task writes in batches;
 a reader that lets more than `max_live_queue` live events (or
-`max_live_queue_bytes` of them) pile up is
-disconnected and counted, so it slows no one else.  Other replies (NOTICE,
+`max_live_queue_bytes` of them) pile up while the socket is not taking what
+the sender gave it is disconnected and counted, so it slows no one else
+(one commit's events arrive at once: a burst while the socket drains is not
+slowness).  Other replies (NOTICE,
 CLOSED, COUNT) are written by the read loop itself, which waits for them.
 Access control (NIP-42 AUTH, write rules, private kinds) is `self.access`
 (relay/server/access.py); rate limits are `self.rate` (relay/server/ratelimit.py,
@@ -119,6 +121,7 @@ class Connection:
         self._queued_live = 0
         self._queued_live_bytes = 0
         self._queued_oks = 0
+        self._sending = False  # the sender is writing or waits for the socket to take its last batch
         self._closing = False
         self._draining = False  # the relay is shutting down: frames are read and dropped
         self.negentropy = relay.negentropy.sessions_for(self.send, self.access)  # NIP-77 (relay/server/negentropy.py)
@@ -376,14 +379,15 @@ class Connection:
         self._out_ready.set()
 
     def push_live(self, message: bytes) -> None:
-        """Queue a live message; past `max_live_queue` messages or `max_live_queue_bytes` waiting, drop this slow reader."""
+        """Queue a live message; past `max_live_queue` messages or `max_live_queue_bytes` waiting
+        while the socket has not taken the previous batch, drop this slow reader."""
         if self._closing:
             return
         self._out.append(message)
         self._queued_live += 1
         self._queued_live_bytes += len(message)
-        if (self._queued_live > self._limits.max_live_queue
-                or self._queued_live_bytes > self._limits.max_live_queue_bytes):
+        if self._sending and (self._queued_live > self._limits.max_live_queue
+                              or self._queued_live_bytes > self._limits.max_live_queue_bytes):
             self.drop_slow_reader()
         else:
             self._out_ready.set()
@@ -408,7 +412,9 @@ class Connection:
                     batch = list(self._out)
                     self._out.clear()
                     oks, self._queued_oks, self._queued_live, self._queued_live_bytes = self._queued_oks, 0, 0, 0
+                    self._sending = True
                     await self.send_many(batch)
+                    self._sending = False
                     self._in_flight -= oks
                     self._slot_free.set()
         except ConnectionClosed:

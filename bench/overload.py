@@ -1,0 +1,133 @@
+"""REQ latency under load: well-behaved clients' REQ p99 with publishers at half the ingest capacity,
+against the same REQs on the idle relay; prints the ratio (target: within 3x).
+
+    .venv/bin/python bench/overload.py                               # ~3 min on a quiet machine
+    .venv/bin/python bench/overload.py --n 5000 --capacity-seconds 3 --reps 10 --fresh 20000   # smoke run
+
+One relay (ours, fresh: `relay import` of the first --n bench events, as stores.py does), then:
+1. unloaded: the REQs of query.py (author feed, kind since, thread, mentions, one id, 100 ids; each
+   --reps times on its own connection, every event parsed), p50/p99 of REQ -> EOSE;
+2. capacity: ingest.run_ingest of new events (the next ones of the same seed), --conns connections at
+   full speed for --capacity-seconds: events/s acknowledged with OK true;
+3. loaded: one process publishes new events paced at half that rate (a send every 10 ms), while the
+   same REQs run again; p50/p99, the publish rate reached, and p99 loaded / p99 unloaded per query.
+Loopback only; the relay is started and stopped by its own PID (common.Server).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+import events  # noqa: E402
+import ingest  # noqa: E402
+import query  # noqa: E402
+import stores  # noqa: E402
+from wsraw import WSClient  # noqa: E402
+
+TARGET_RATIO = 3.0
+TICK_SECONDS = 0.01  # the paced publisher sends what is due every tick
+MAX_UNANSWERED = 20_000  # the paced publisher stops sending past this many EVENTs without their OK
+REQ_QUERIES = ["author_feed", "kind_since", "e_thread", "p_mentions", "one_id", "ids_100"]
+
+
+async def _paced(url: str, lines: list[bytes], rate: float, stop, out) -> None:
+    """Send `lines` as EVENTs at `rate` per second until `stop` is set or they run out; report to `out`."""
+    oks = [0, 0]  # true, false
+
+    def on_msg(m: bytes) -> None:
+        if m.startswith(b'["OK"'):
+            oks[0 if b",true," in m[:90] else 1] += 1
+
+    ws = await WSClient.connect(url, on_msg, quickack=False)
+    t0, sent = time.perf_counter(), 0
+    while not stop.is_set() and sent < len(lines):
+        due = min(len(lines), int((time.perf_counter() - t0) * rate))
+        if due > sent and sent - sum(oks) < MAX_UNANSWERED:
+            ws.send_many([events.event_message(line) for line in lines[sent:due]])
+            sent = due
+            await ws.drain()
+        await asyncio.sleep(TICK_SECONDS)
+    elapsed = time.perf_counter() - t0
+    await asyncio.sleep(1.0)  # the last OKs
+    out.put({"sent": sent, "ok_true": oks[0], "ok_false": oks[1], "seconds": elapsed,
+             "rate": sent / elapsed if elapsed else 0.0, "ran_out": sent >= len(lines)})
+    await ws.close(1.0)
+
+
+def _paced_process(url, lines, rate, stop, out) -> None:
+    common.install_uvloop()
+    asyncio.run(_paced(url, lines, rate, stop, out))
+
+
+def latencies(url: str, targets: dict, store: list[dict] | None, reps: int) -> dict[str, dict]:
+    """query.bench_queries over the REQ queries: name -> its result (p50_ms, p99_ms, ...)."""
+    return {r["query"]: r for r in asyncio.run(query.bench_queries(url, targets, store, reps, only=REQ_QUERIES))}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=20_000, help="events stored before measuring (default 20,000)")
+    ap.add_argument("--fresh", type=int, default=300_000,
+                    help="new events: the first half for the capacity phase, the rest for the loaded one"
+                         " (default 300,000)")
+    ap.add_argument("--conns", type=int, default=4, help="connections measuring ingest capacity (default 4)")
+    ap.add_argument("--capacity-seconds", type=float, default=10.0, help="length of the capacity phase")
+    ap.add_argument("--reps", type=int, default=100, help="repetitions of each REQ per phase (default 100)")
+    args = ap.parse_args()
+
+    lines = events.load(args.n + args.fresh)
+    stored, fresh = lines[:args.n], lines[args.n:]
+    # run_ingest sends the head of each connection's shard: keep the loaded phase's events apart
+    for_capacity, for_load = fresh[:len(fresh) // 2], fresh[len(fresh) // 2:]
+    store = query.model_store(stored)
+    targets = query.pick_targets(store)
+    srv, info = stores.start_loaded("ours", args.n)
+    try:
+        common.install_uvloop()
+        idle = latencies(srv.url, targets, store, args.reps)
+        capacity = ingest.run_ingest(srv.url, for_capacity, args.conns, 1000, srv.pid, args.capacity_seconds, 30.0)
+        rate = capacity["eps"] / 2
+        print(f"ingest capacity: {capacity['eps']:,.0f} events/s OK true ({ingest.fmt(capacity)})", flush=True)
+        ctx = mp.get_context("fork")
+        stop, out = ctx.Event(), ctx.Queue()
+        publisher = ctx.Process(target=_paced_process, args=(srv.url, for_load, rate, stop, out), daemon=True)
+        cpu0, busy0, t0 = common.cpu_seconds(srv.pid), common.system_busy(), time.perf_counter()
+        publisher.start()
+        try:
+            time.sleep(1.0)  # the publisher reaches its pace
+            loaded = latencies(srv.url, targets, None, args.reps)
+        finally:
+            stop.set()
+            paced = out.get(timeout=60)
+            publisher.join(10)
+        wall = time.perf_counter() - t0
+        relay_cores, busy_cores = (common.cpu_seconds(srv.pid) - cpu0) / wall, (common.system_busy() - busy0) / wall
+    finally:
+        srv.stop()
+    print(f"loaded phase: publishing {paced['rate']:,.0f} events/s (target {rate:,.0f}; "
+          f"{paced['ok_true']:,} OK true, {paced['ok_false']:,} OK false{', RAN OUT of events' if paced['ran_out'] else ''}),"
+          f" relay {relay_cores:.2f} cores, all processes {busy_cores:.2f} cores")
+    worst = 0.0
+    for name in REQ_QUERIES:
+        a, b = idle.get(name, {}), loaded.get(name, {})
+        if "p99_ms" not in a or "p99_ms" not in b:
+            print(f"  {name:<12} no result: unloaded {a.get('errors')} loaded {b.get('errors')}")
+            worst = float("inf")
+            continue
+        ratio = b["p99_ms"] / a["p99_ms"]
+        worst = max(worst, ratio)
+        print(f"  {name:<12} unloaded p50 {a['p50_ms']:7.2f} p99 {a['p99_ms']:7.2f} ms | loaded p50 {b['p50_ms']:7.2f}"
+              f" p99 {b['p99_ms']:7.2f} ms | p99 ratio {ratio:5.2f}")
+    verdict = "within" if worst <= TARGET_RATIO else "OVER"
+    print(f"worst p99 ratio loaded/unloaded: {worst:.2f} ({verdict} the {TARGET_RATIO:g}x target)")
+    return 0 if worst <= TARGET_RATIO else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""SIGKILL at random moments while several connections publish: after every restart no acknowledged event
+is lost, the live set follows NIP-01/09, and `relay verify` and `PRAGMA integrity_check` pass
+(the harness and its checks: tests/reliability/harness.py; the long form: bench/crash.py)."""
+
+from __future__ import annotations
+
+import random
+
+from tests.reliability.harness import Workload, check_relay, run
+
+KILLS = 20
+
+
+async def test_sigkill_at_random_moments_loses_no_acknowledged_event(tmp_path):
+    """20 kills (some during start-up) of a relay under concurrent publishing; every restart passes every check."""
+    seed = random.randrange(1 << 30)
+    report = await run(tmp_path, kills=KILLS, seed=seed)
+    context = f"seed {seed}: {report.summary()}"
+    assert report.failures == [], f"{context}\n" + "\n".join(report.failures)
+    assert report.kills == KILLS, context
+    assert report.checks == KILLS - report.startup_kills + 1, context
+    assert report.acked >= 10 * (KILLS - report.startup_kills), context  # the relay was really written to
+    assert "error" not in report.refused and "invalid" not in report.refused, context
+
+
+async def test_the_check_finds_a_lost_and_a_phantom_event(relay, client):
+    """The harness's check passes on what was acknowledged, and names an acked event not served and one never sent."""
+    workload = Workload(1, real=[])
+    keys = workload.keys[0]
+    kept, lost, phantom = (keys.sign(1, content) for content in ("kept", "lost", "phantom"))
+    assert (await client.publish(kept))[2] is True
+    workload.sent[kept["id"]] = workload.acked[kept["id"]] = kept
+    assert await check_relay(relay.url, relay.config, workload) == (1, [])
+
+    workload.sent[lost["id"]] = workload.acked[lost["id"]] = lost  # "acknowledged" but never stored
+    assert (await client.publish(phantom))[2] is True  # stored but not in the ledger
+    served, failures = await check_relay(relay.url, relay.config, workload)
+    assert served == 2
+    assert len(failures) == 2, failures
+    assert failures[0].startswith(f"served 1 events never sent as such, e.g. ['{phantom['id']}']")
+    assert failures[1].startswith(f"lost 1 acknowledged events, e.g. [('{lost['id']}', 1)]")

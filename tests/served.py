@@ -1,0 +1,111 @@
+"""`relay serve` as a real subprocess for tests and benchmarks: start, wait for it, stop or SIGKILL it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+START_TIMEOUT = 15  # seconds for `relay serve` to answer /health
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any RELAY_* variable, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env.update(extra)
+    return env
+
+
+def http_get(port: int, path: str = "/", headers: dict | None = None, timeout: float = 2.0):
+    """(status, headers, body) of a GET on 127.0.0.1:port."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return response.status, response.headers, response.read()
+
+
+def answers_health(port: int) -> bool:
+    try:
+        return http_get(port, "/health", timeout=1.0)[0] == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+class Served:
+    """`python -m relay serve ARGS` as a subprocess, logs to files; always terminated on exit."""
+
+    def __init__(self, tmp_path: Path, *args, env: dict | None = None) -> None:
+        self.tmp_path = tmp_path
+        self.args = [sys.executable, "-m", "relay", "serve", *map(str, args)]
+        self.env = env or clean_env()
+        self.proc: subprocess.Popen | None = None
+        self.stderr_path = tmp_path / f"serve-{time.monotonic_ns()}.stderr"
+
+    def __enter__(self) -> Served:
+        self._stderr = self.stderr_path.open("wb")
+        self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=self._stderr, env=self.env, cwd=self.tmp_path)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(timeout=10)
+        finally:
+            self._stderr.close()
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def log_events(self) -> list[dict]:
+        """The JSON log lines written so far (logs are JSON when stderr is not a terminal)."""
+        out = []
+        for line in self.stderr.splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    def started_url(self) -> str:
+        """ws://host:port from the `relay_started` log line, waiting for it (bounded)."""
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            for entry in self.log_events():
+                if entry.get("event") == "relay_started":
+                    return entry["url"]
+            assert self.proc.poll() is None, f"relay exited with {self.proc.returncode}:\n{self.stderr}"
+            time.sleep(0.05)
+        raise AssertionError(f"no relay_started log line within {START_TIMEOUT}s:\n{self.stderr}")
+
+    def wait_health(self, port: int) -> None:
+        """Poll GET /health on `port` until it answers 200 (bounded); fail early if the process died."""
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"relay exited with {self.proc.returncode}:\n{self.stderr}"
+            if answers_health(port):
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"/health on port {port} did not answer within {START_TIMEOUT}s:\n{self.stderr}")
+
+    def stop(self) -> int:
+        """SIGTERM, then the exit code (bounded wait)."""
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=15)
+
+
+    def kill(self) -> None:
+        """SIGKILL (a crash: no shutdown code runs), then reap the process (bounded wait)."""
+        self.proc.kill()
+        self.proc.wait(timeout=15)
