@@ -69,6 +69,7 @@ class LimitsConfig:
     max_live_queue_bytes: int = 16_777_216
     max_query_rows: int = 10_000  # events one REQ returns at most, all filters together
     query_timeout_seconds: float = 5.0  # database time of one REQ or COUNT; 0: unbounded
+    max_stored_results_bytes: int = 268_435_456  # stored REQ results not yet sent, all connections together
 
     def event_limits(self) -> EventLimits:
         """The per-event limits `parse_event` checks."""

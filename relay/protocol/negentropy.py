@@ -494,11 +494,26 @@ def range_fingerprints(lower: np.ndarray, upper: np.ndarray, counts: Sequence[in
     before each range's start and end, mod 2**256), ``counts`` the ranges'
     sizes.  Returns m 16-byte fingerprints.
     """
-    raw = limbs_sub(upper, lower).tobytes()
+    sums = limbs_sub(upper, lower).view(np.uint8).reshape(-1, ID_SIZE)
+    varints, used = encode_varints(np.asarray(counts, dtype=np.uint64))
+    widths = used.sum(axis=1)
     sha256 = hashlib.sha256
-    return [sha256(raw[k * ID_SIZE : (k + 1) * ID_SIZE]
-                   + (_ONE_BYTE[count] if count < 0x80 else encode_varint(count))).digest()[:FINGERPRINT_SIZE]
-            for k, count in enumerate(counts)]
+
+    def hashed(rows: np.ndarray | slice, width: int) -> list[bytes]:
+        """The digests of `rows`, whose counts all take `width` varint bytes: one buffer of equal-size inputs."""
+        size = ID_SIZE + width
+        inputs = memoryview(np.concatenate([sums[rows], varints[rows, :width]], axis=1).tobytes())
+        return [sha256(inputs[k : k + size]).digest()[:FINGERPRINT_SIZE] for k in range(0, len(inputs), size)]
+
+    found = np.unique(widths).tolist()
+    if len(found) == 1:  # the usual case: similar range sizes
+        return hashed(slice(None), found[0])
+    digests: list[bytes] = [b""] * len(sums)
+    for width in found:
+        rows = np.flatnonzero(widths == width)
+        for row, digest in zip(rows.tolist(), hashed(rows, width)):
+            digests[row] = digest
+    return digests
 
 
 def limbs_sub(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -649,6 +664,9 @@ def _parse_ranges(reader: _Reader) -> tuple[list[Range], NegentropyError | None]
             if data[pos] < 0x80:
                 encoded = data[pos]
                 pos += 1
+            elif pos + 1 < end and data[pos + 1] < 0x80:  # two digits: most timestamp deltas
+                encoded = ((data[pos] & 0x7F) << 7) | data[pos + 1]
+                pos += 2
             else:
                 encoded, pos = decode_varint(data, pos)
             last = INFINITY if encoded == 0 or last == INFINITY else min(last + encoded - 1, INFINITY)
@@ -663,7 +681,11 @@ def _parse_ranges(reader: _Reader) -> tuple[list[Range], NegentropyError | None]
                 raise NegentropyError("parse ends prematurely")
             bound = make(Bound, (last, data[pos : pos + length]))
             pos += length
-            mode, pos = decode_varint(data, pos)
+            if pos < end and data[pos] < 0x80:
+                mode = data[pos]
+                pos += 1
+            else:
+                mode, pos = decode_varint(data, pos)
             if mode == Mode.FINGERPRINT:
                 if end - pos < FINGERPRINT_SIZE:
                     raise NegentropyError("parse ends prematurely")

@@ -27,6 +27,7 @@ from relay.protocol.auth import AUTH_KIND
 from relay.protocol.event import Event, is_ephemeral
 from relay.server import nip11
 from relay.server.access import AccessPolicy
+from relay.server.budget import ByteBudget
 from relay.server.connection import Connection
 from relay.server.negentropy import NegentropyService
 from relay.server.ratelimit import RateLimits
@@ -61,6 +62,7 @@ class Relay:
         self.negentropy: NegentropyService | None = None  # NIP-77 responder, from start()
         self.connections: set[Connection] = set()  # open ones, for shutdown and metrics
         self.metrics = Metrics(self)  # served at /metrics (relay/metrics.py)
+        self.stored_results = ByteBudget(config.limits.max_stored_results_bytes)  # unsent REQ results, all connections
 
     async def start(self) -> None:
         """Open the store and start listening on `config.server` (port 0: any free port)."""

@@ -323,12 +323,16 @@ class Connection:
                                                           self._limits.max_limit, self.access.private,
                                                           self._limits.max_query_rows,
                                                           self._limits.query_timeout_seconds)
-            for start in range(0, len(stored), _STORED_CHUNK):
-                await self.send_many([encode_event(sub.sub_id, raw) for raw in stored[start:start + _STORED_CHUNK]])
+            sent = await self._send_stored(sub.sub_id, stored)
+            stored = None
+            if sent is None:
+                self._unsubscribe(sub.sub_id)
+                await self.send(encode_closed(sub.sub_id, "rate-limited: the relay holds too many unsent results,"
+                                                          " try again later"))
+                return
             await self.send(encode_eose(sub.sub_id))
             pending, sub.pending = sub.pending, None
             if pending:
-                sent = {raw[_ID_SLICE] for raw in stored}
                 for event in pending:
                     if event.id.encode() not in sent:
                         self.push_live(encode_event(sub.sub_id, event.raw))
@@ -344,6 +348,28 @@ class Connection:
         finally:
             # A cancelled task keeps its frame alive through the exception: let go of the results now.
             stored = None
+
+    async def _send_stored(self, sub_id: str, stored: list[bytes]) -> set[bytes] | None:
+        """Send stored results in chunks under the relay-wide byte budget, letting go of each chunk once sent.
+
+        Returns the ids sent (to skip live events already among them), or
+        None, sending nothing, when the results do not fit in the budget.
+        """
+        budget, held = self.relay.stored_results, sum(map(len, stored))
+        if not budget.take(held):
+            return None
+        try:
+            sent = {raw[_ID_SLICE] for raw in stored}
+            stored.reverse()  # chunks are popped from the end, so each is freed once sent
+            while stored:
+                chunk = [stored.pop() for _ in range(min(_STORED_CHUNK, len(stored)))]
+                await self.send_many([encode_event(sub_id, raw) for raw in chunk])
+                size = sum(map(len, chunk))
+                budget.release(size)
+                held -= size
+            return sent
+        finally:
+            budget.release(held)
 
     async def _count(self, req: CountEnvelope) -> None:
         if refusal := self._read_refusal(req.filters, REQS):

@@ -49,8 +49,10 @@ from relay.protocol.negentropy import (
     encode_varint,
     encode_varints,
     fingerprint,
+    fingerprint_from_sum,
     limbs_add,
     limbs_sub,
+    range_fingerprints,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -897,3 +899,15 @@ def test_bulk_varints_equal_one_at_a_time(values):
     """encode_varints' masked rows are exactly encode_varint's bytes, for every width up to 10 digits."""
     cells, used = encode_varints(np.array(values, dtype=np.uint64))
     assert [cells[k][used[k]].tobytes() for k in range(len(values))] == [encode_varint(v) for v in values]
+
+
+@settings(max_examples=100, deadline=None)
+@given(ranges=st.lists(st.tuples(_U256, _U256, st.integers(0, 2**40)), min_size=1, max_size=20))
+def test_bulk_range_fingerprints_equal_one_at_a_time(ranges):
+    """range_fingerprints from prefix-sum limbs equals fingerprint_from_sum of (upper - lower) mod 2**256, count."""
+    def limbs(values):
+        return np.frombuffer(b"".join(v.to_bytes(32, "little") for v in values), dtype="<u4").reshape(-1, 8)
+
+    lower, upper = limbs([lo for lo, _, _ in ranges]), limbs([hi for _, hi, _ in ranges])
+    assert range_fingerprints(lower, upper, [n for _, _, n in ranges]) == [
+        fingerprint_from_sum((hi - lo) % 2**256, n) for lo, hi, n in ranges]
