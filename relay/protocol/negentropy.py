@@ -658,7 +658,8 @@ def _parse_ranges(reader: _Reader) -> tuple[list[Range], NegentropyError | None]
     data, pos, last = reader.data, reader.pos, reader.last_timestamp
     end = len(data)
     ranges: list[Range] = []
-    make = tuple.__new__
+    append, make = ranges.append, tuple.__new__
+    fingerprint_mode, id_list_mode, skip_mode = Mode.FINGERPRINT, Mode.ID_LIST, Mode.SKIP
     try:
         while pos < end:
             if data[pos] < 0x80:
@@ -669,7 +670,12 @@ def _parse_ranges(reader: _Reader) -> tuple[list[Range], NegentropyError | None]
                 pos += 2
             else:
                 encoded, pos = decode_varint(data, pos)
-            last = INFINITY if encoded == 0 or last == INFINITY else min(last + encoded - 1, INFINITY)
+            if encoded == 0 or last == INFINITY:
+                last = INFINITY
+            else:
+                last += encoded - 1
+                if last > INFINITY:
+                    last = INFINITY
             if pos < end and data[pos] < 0x80:
                 length = data[pos]
                 pos += 1
@@ -686,20 +692,20 @@ def _parse_ranges(reader: _Reader) -> tuple[list[Range], NegentropyError | None]
                 pos += 1
             else:
                 mode, pos = decode_varint(data, pos)
-            if mode == Mode.FINGERPRINT:
+            if mode == 1:
                 if end - pos < FINGERPRINT_SIZE:
                     raise NegentropyError("parse ends prematurely")
-                ranges.append(make(Range, (bound, Mode.FINGERPRINT, data[pos : pos + FINGERPRINT_SIZE])))
+                append(make(Range, (bound, fingerprint_mode, data[pos : pos + FINGERPRINT_SIZE])))
                 pos += FINGERPRINT_SIZE
-            elif mode == Mode.ID_LIST:
+            elif mode == 2:
                 count, pos = decode_varint(data, pos)
                 if count * ID_SIZE > end - pos:
                     raise NegentropyError("parse ends prematurely (id list)")
                 ids = [data[k : k + ID_SIZE] for k in range(pos, pos + count * ID_SIZE, ID_SIZE)]
-                ranges.append(make(Range, (bound, Mode.ID_LIST, ids)))
+                append(make(Range, (bound, id_list_mode, ids)))
                 pos += count * ID_SIZE
-            elif mode == Mode.SKIP:
-                ranges.append(make(Range, (bound, Mode.SKIP, None)))
+            elif mode == 0:
+                append(make(Range, (bound, skip_mode, None)))
             else:
                 raise NegentropyError(f"unexpected mode {mode}")
     except NegentropyError as exc:
@@ -907,12 +913,15 @@ class _Round:
         lowers = [0, *uppers[:-1]]
         mismatched = self._mismatched(ranges, lowers, uppers)
         splits = _Splits(self.storage, [(lowers[k], uppers[k]) for k in mismatched])
+        skip_mode, fingerprint_mode = Mode.SKIP, Mode.FINGERPRINT  # Enum attribute lookups are slow in a loop
         for k, rng in enumerate(ranges):
+            mode = rng.mode
+            if mode is skip_mode or (mode is fingerprint_mode and k not in mismatched):
+                self.skip = True  # nothing written: the frame cannot fill here
+                continue
             lower, upper = lowers[k], uppers[k]
             pending = bytearray()
-            if rng.mode is Mode.SKIP or (rng.mode is Mode.FINGERPRINT and k not in mismatched):
-                self.skip = True
-            elif rng.mode is Mode.FINGERPRINT:
+            if mode is fingerprint_mode:
                 self._flush_skip(pending, ranges[k - 1].upper_bound if k else ZERO_BOUND)
                 splits.write(lower, upper, rng.upper_bound, pending, self.enc)
             else:
@@ -927,7 +936,8 @@ class _Round:
 
     def _mismatched(self, ranges: list[Range], lowers: list[int], uppers: list[int]) -> set[int]:
         """Positions of the Fingerprint ranges whose fingerprint differs from ours."""
-        fp = [k for k, rng in enumerate(ranges) if rng.mode is Mode.FINGERPRINT]
+        fingerprint_mode = Mode.FINGERPRINT
+        fp = [k for k, rng in enumerate(ranges) if rng.mode is fingerprint_mode]
         if not fp:
             return set()
         prefixes = self.storage.prefix_sums(np.array([lowers[k] for k in fp] + [uppers[k] for k in fp]))
