@@ -40,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     sync.add_argument("--frame-size", type=int, help="bytes per negentropy message (default: sync.frame_size_limit)")
     status = commands.add_parser("status", parents=[common], help="database size, events by kind, sync peers")
     status.add_argument("--json", action="store_true", help="print JSON for scripts")
-    key = commands.add_parser("key", parents=[common], help="print this node's pubkey, creating its key file if absent")
+    key = commands.add_parser("key", parents=[common], help="print a node's pubkey (--file: creating that key file if absent)")
     key.add_argument("--file", type=Path, help="the key file (default: sync.secret_key_file, else sync.key beside the db)")
     backup = commands.add_parser("backup", parents=[common], help="write a consistent copy of the database "
                                  "(while the relay serves)")
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "key":
         from relay.sync.keys import key_path, run_key
 
-        return run_key(args.file or key_path(config.sync.secret_key_file, config.store.path))
+        return run_key(args.file or key_path(config.sync.secret_key_file, config.store.path), args.file is not None)
     if args.command == "backup":
         from relay.backup import run_backup
 

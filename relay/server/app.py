@@ -198,6 +198,8 @@ class Relay:
             log.info("connection_closed", code=ws.close_code)
 
     async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        if len(request.headers.get_all("Host")) > 1:  # RFC 9112: a request with several Host fields is invalid
+            return _response(HTTPStatus.BAD_REQUEST, b"several Host headers\n", "text/plain")
         if request.path == "/health":
             return _response(HTTPStatus.OK, b"ok\n", "text/plain")
         if request.path == "/metrics":
@@ -224,6 +226,12 @@ def _response(status: HTTPStatus, body: bytes, content_type: str) -> Response:
 
 async def run_relay(config: Config) -> int:
     """Serve until SIGINT/SIGTERM or until the store fails; returns the process exit code."""
+    # Handlers first: a signal during start-up (peers being set up after /health answers) must
+    # still end in a clean stop, not kill the process.
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     relay = Relay(config)
     try:
         await relay.start()
@@ -237,10 +245,6 @@ async def run_relay(config: Config) -> int:
     # The writer and verifier threads drop the GIL inside SQLite and secp256k1;
     # a short switch interval lets them take it back without waiting 5 ms.
     sys.setswitchinterval(_SWITCH_INTERVAL_SECONDS)
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     stopped = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait({stopped, relay.store.writer_task}, return_when=asyncio.FIRST_COMPLETED)
     code = 0

@@ -23,7 +23,7 @@ from relay.config import RateLimitConfig
 
 EVENTS, REQS, NEG_OPENS = 0, 1, 2
 """The limited actions: EVENT and AUTH; REQ and COUNT; NEG-OPEN."""
-REFUSALS = ("rate-limited: too many events, slow down", "rate-limited: too many subscriptions, slow down",
+REFUSALS = ("rate-limited: too many events, slow down", "rate-limited: too many REQ and COUNT requests, slow down",
             "rate-limited: too many negentropy sessions, slow down")
 """The NIP-01 reply of each refused action."""
 MAX_IDLE_IPS = 100_000

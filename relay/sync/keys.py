@@ -93,12 +93,18 @@ def load_or_create(path: Path) -> NodeKey:
         raise NodeKeyError(f"{path}: must hold one 64-hex secret key") from None
 
 
-def run_key(path: Path) -> int:
+def run_key(path: Path, create: bool) -> int:
     """`relay key`: print the node's pubkey (64 hex, x-only, as `[[sync.peers]] pubkey` wants it) to stdout.
 
-    Creates the key file at `path` (mode 0600) when absent.  Exit code 0, or
-    1 with the reason on stderr when the file cannot be read or created.
+    With `create` (an explicit `--file`), creates the key file at `path`
+    (mode 0600) when absent; without it, a missing file is an error: the path
+    a config names may be meant for a container, and a new key there would
+    not be that node's.  Exit code 0, or 1 with the reason on stderr.
     """
+    if not create and not path.exists():
+        print(f"relay: no node key at {path} (a node creates it at its first start; "
+              f"relay key --file PATH creates one)", file=sys.stderr)
+        return 1
     try:
         print(load_or_create(path).pubkey)
     except NodeKeyError as exc:

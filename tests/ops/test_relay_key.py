@@ -47,12 +47,18 @@ def test_key_creates_a_private_key_file_and_prints_its_pubkey(tmp_path, key_comm
 
 
 def test_key_without_file_uses_the_configured_or_default_key_path(tmp_path, key_command):
-    """Without --file: `[sync] secret_key_file` when set, else sync.key beside the database (as `relay serve`)."""
-    configured = tmp_path / "configured.key"
+    """Without --file: `[sync] secret_key_file` when set, else sync.key beside the database (as `relay serve`);
+    a key missing there is an error, and nothing is created (the path may be meant for a container)."""
+    configured = tmp_path / "secrets" / "configured.key"
     config = tmp_path / "relay.toml"
     config.write_text(f'[sync]\nsecret_key_file = "{configured}"\n')
     code, out, err = key_command("--config", config)
+    assert code == 1 and str(configured) in err and not (tmp_path / "secrets").exists()
+    assert key_command("--file", configured)[0] == 0
+    code, out, err = key_command("--config", config)
     assert code == 0 and out == node_pubkey(configured), err
+    (tmp_path / "db").mkdir()
+    assert key_command("--file", tmp_path / "db" / "sync.key")[0] == 0
     code, out, err = key_command("--db", tmp_path / "db" / "relay.db")
     assert code == 0 and out == node_pubkey(tmp_path / "db" / "sync.key"), err
 

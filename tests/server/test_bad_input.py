@@ -218,3 +218,17 @@ async def test_slow_reader_is_dropped_by_queued_bytes(tmp_path, alice):
         await slow.close()
         await publisher.close()
         await relay.stop()
+
+
+async def test_a_handshake_with_two_host_headers_gets_400_and_others_are_served(relay, alice):
+    """RFC 9112: several Host fields make the request invalid: HTTP 400, not a crashed handler; the relay serves on."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                 b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    await writer.drain()
+    status = await asyncio.wait_for(reader.readline(), 5)
+    writer.close()
+    assert status.startswith(b"HTTP/1.1 400"), status
+    client = await Client.connect(relay.url)
+    assert (await client.publish(alice.sign(content="after the bad handshake")))[2] is True
+    await client.close()

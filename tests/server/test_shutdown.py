@@ -109,3 +109,19 @@ async def test_past_the_shutdown_timeout_connections_are_closed_1001_anyway(tmp_
         await client.recv()
     assert client.ws.close_code == 1001
     assert {entry["step"] for entry in logs if entry["event"] == "shutdown_timeout"} >= {"drain"}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_as_soon_as_health_answers_still_stops_cleanly_with_peers(tmp_path, sig):
+    """With a peer configured (set up after the port listens), a signal right after /health answers exits 0."""
+    port, peer_port = free_port(), free_port()  # nothing listens on the peer's port
+    config = tmp_path / "relay.toml"
+    config.write_text(f'[[sync.peers]]\nurl = "ws://127.0.0.1:{peer_port}"\n')
+    env = clean_env(RELAY_RATE_LIMITS__ENABLED="false")
+    with Served(tmp_path, "--config", config, "--db", tmp_path / "relay.db", "--port", port, env=env) as served:
+        served.wait_health(port)
+        os.kill(served.proc.pid, sig)
+        exit_code = served.proc.wait(timeout=30)
+        log = served.log_events()
+    assert exit_code == 0, served.stderr
+    assert any(e.get("event") == "relay_stopped" for e in log)
