@@ -50,7 +50,7 @@ from relay.protocol.envelopes import (
     encode_ok,
     parse_client_message,
 )
-from relay.protocol.event import Event, is_hex64, parse_event
+from relay.protocol.event import Event, parse_event
 from relay.protocol.filters import Filter
 from relay.protocol.rejection import Rejection
 from relay.server import policies
@@ -77,8 +77,13 @@ def _is_utf8(data: str | bytes) -> bool:
 
 
 def _ok(ref: object, accepted: bool, message: str) -> bytes:
-    """The OK answering an EVENT or AUTH whose id is `ref`; a NOTICE when `ref` is not an id."""
-    return encode_ok(ref, accepted, message) if is_hex64(ref) else encode_notice(message)
+    """The OK answering an EVENT or AUTH whose id is `ref` (NIP-01: every EVENT gets one).
+
+    A 64-character string is echoed even when it is not a valid id (e.g.
+    uppercase hex), so the client can match the refusal to what it sent; a
+    NOTICE when `ref` is not such a string (missing, another type or size).
+    """
+    return encode_ok(ref, accepted, message) if type(ref) is str and len(ref) == 64 else encode_notice(message)
 
 
 class LiveSubscription:

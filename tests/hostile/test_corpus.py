@@ -133,7 +133,7 @@ CASES = [
     Case("ids_uppercase", _req({"ids": ["A" * 64]}), CLOSED),
     Case("authors_63_chars", _req({"authors": ["a" * 63]}), CLOSED),
     Case("authors_65_chars", _req({"authors": ["a" * 65]}), CLOSED),
-    Case("event_id_uppercase", _event(id=_EVENT["id"].upper()), NOTICE),
+    Case("event_id_uppercase", _event(id=_EVENT["id"].upper()), OK_FALSE),  # OK echoes the id as sent
     Case("event_id_short", _event(id=_EVENT["id"][:-1]), NOTICE),
     Case("event_pubkey_uppercase", _event(pubkey=_EVENT["pubkey"].upper()), OK_FALSE),
     Case("event_sig_not_hex", _event(sig="z" * 128), OK_FALSE),
