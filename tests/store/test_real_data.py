@@ -29,7 +29,6 @@ from tests.helpers import DATA, REAL_EVENTS, read_jsonl
 
 NIP01_KEYS = ("id", "pubkey", "created_at", "kind", "tags", "content", "sig")
 CONTROL_CHAR_EVENT = "aa72e0c89dd2a7f2d7e586630069093aba4ce4bfab14343d9c9956a40e5efe10"
-HEX64 = re.compile(r"[0-9a-f]{64}")
 BIG = 10**6
 
 
@@ -336,7 +335,8 @@ def test_every_invalid_event_is_refused_invalid():
 
 
 async def test_invalid_events_are_refused_invalid_by_the_server(client):
-    """Invalid events sent over the WebSocket get OK false "invalid:" (NOTICE "invalid:" when the id is unreadable)."""
+    """Invalid events sent over the WebSocket get OK false "invalid:" echoing their id when it is a 64-character
+    string, even a malformed one (NOTICE "invalid:" when there is no such id to echo)."""
     rows = _invalid_lines()
     sample = random.Random(3).sample(rows, 60)
     sample += [r for r in rows if r["reason"] in ("bad_signature", "bad_id_format", "bad_sig_format")]
@@ -345,7 +345,7 @@ async def test_invalid_events_are_refused_invalid_by_the_server(client):
         await client.send(json.dumps(["EVENT", event]))
         reply = await client.recv()
         ref = event.get("id") if isinstance(event, dict) else None
-        if isinstance(ref, str) and HEX64.fullmatch(ref):
+        if isinstance(ref, str) and len(ref) == 64:
             assert reply[:3] == ["OK", ref, False] and reply[3].startswith("invalid:"), (row["reason"], reply)
         else:
             assert reply[0] == "NOTICE" and reply[1].startswith("invalid:"), (row["reason"], reply)
