@@ -8,7 +8,8 @@ job costs one hop however many rows it touches.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,6 +21,19 @@ T = TypeVar("T")
 SYNCHRONOUS_MODES = ("off", "normal", "full", "extra")
 # With a checkpointer task, the writer checkpoints itself only if the WAL passes this many pages (~256 MiB).
 FALLBACK_AUTOCHECKPOINT_PAGES = 65536
+
+
+@contextmanager
+def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Cursor]:
+    """BEGIN IMMEDIATE ... COMMIT on an autocommit connection; ROLLBACK and re-raise on any exception."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn.cursor()
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
 
 
 def migrations() -> list[tuple[int, str]]:

@@ -63,12 +63,13 @@ from relay.protocol.negentropy import (
     Negentropy,
     NegentropyError,
     SortedVector,
-    fingerprint_from_sum,
     limbs_add,
     limbs_sub,
+    range_fingerprints,
     running_id_sums,
     sorted_lower_bounds,
 )
+from relay.store.db import transaction
 from relay.store.queries import compile_filter
 from relay.store.writes import Changes
 
@@ -179,8 +180,7 @@ class NegentropyIndex:
         Indexes of filters no longer configured are deleted; missing ones are
         built from `events` (reading every matching event once).
         """
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with transaction(conn):
             layout = conn.execute("SELECT value FROM meta WHERE key = ?", (_LAYOUT_KEY,)).fetchone()
             if layout is None or layout[0] != LAYOUT:
                 _clear(conn)
@@ -197,10 +197,6 @@ class NegentropyIndex:
                     number = conn.execute("INSERT INTO neg_filters (spec) VALUES (?)", (spec,)).lastrowid
                     _build(conn, number, spec, f, self.max_children // 2)
                 numbers[spec] = number
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.rollback()
-            raise
         self._numbers = numbers
 
     def apply(self, cur: sqlite3.Cursor, changes: Changes) -> None:
@@ -228,13 +224,8 @@ class DropNegentropyIndex:
 
     def setup(self, conn: sqlite3.Connection) -> None:
         """Delete every index row, in one transaction."""
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with transaction(conn):
             _clear(conn)
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.rollback()
-            raise
 
     def apply(self, cur: sqlite3.Cursor, changes: Changes) -> None:
         """Nothing: no index is kept."""
@@ -583,7 +574,7 @@ class IndexReader:
     Use it inside one read transaction and drop it after: it keeps what it
     decodes (and shares it through `cache`, if given).  Indices are global
     positions in (created_at, id) order.  `rows_read` counts the rows
-    fetched.  Prefix sums are exact up to multiples of 2**256.
+    fetched.  Prefix sums are mod 2**256.
 
     Raises:
         IndexOutOfStep: when the nodes disagree with each other.
@@ -601,12 +592,13 @@ class IndexReader:
         self._starts: list[Key] = [(r[0], r[1]) for r in rows]
         self._stamps = [r[3] for r in rows]
         self._counts = [0]
-        self._sums = [0]
+        sums = [0]
         for r in rows:
             self._counts.append(self._counts[-1] + r[2])
-            self._sums.append(self._sums[-1] + _combine(r[4:12]))
+            sums.append(sums[-1] + _combine(r[4:12]))
         self._count_array = np.array(self._counts, dtype=np.int64)
-        self._base = np.frombuffer(b"".join((s & _MOD256).to_bytes(32, "little") for s in self._sums),
+        # the sum of the ids before each group, as limbs mod 2**256 (prefix_sums adds the group's own)
+        self._base = np.frombuffer(b"".join((x & _MOD256).to_bytes(32, "little") for x in sums),
                                    dtype="<u4").reshape(-1, 8)
         self._start_ts = np.array([t for t, _ in self._starts[1:]], dtype=np.uint64)  # past the sentinel
         self._decoded: dict[int, _Group] = {}
@@ -650,17 +642,6 @@ class IndexReader:
         return bisect.bisect_right(self._starts, key) - 1
 
     # -- one at a time
-
-    def prefix(self, i: int) -> int:
-        """Sum of the first `i` ids, 0 <= i <= size, as little-endian 256-bit ints (mod 2**256)."""
-        if i <= 0:
-            return 0
-        if i >= self.size:
-            return self._sums[-1]
-        g, offset = self._locate(i)
-        if offset == 0:
-            return self._sums[g]
-        return self._sums[g] + int.from_bytes(self._group(g).prefix[offset].tobytes(), "little")
 
     def item(self, i: int) -> Key:
         """The i-th item (created_at, id); IndexError outside [0, size)."""
@@ -821,8 +802,8 @@ class IndexView:
     def fingerprint(self, begin: int, end: int) -> bytes:
         """16-byte fingerprint of the items in [begin, end) (NIP-77 appendix, "Fingerprint")."""
         self._check_range(begin, end)
-        total = sum(self._reader.prefix(hi) - self._reader.prefix(lo) for lo, hi in self._parts(begin, end))
-        return fingerprint_from_sum(total, end - begin)
+        sums = self.prefix_sums(np.array([begin, end]))
+        return range_fingerprints(sums[:1], sums[1:], [end - begin])[0]
 
     def iter_ids(self, begin: int, end: int) -> Iterator[bytes]:
         """The 32-byte ids of the items in [begin, end), in order."""

@@ -1,6 +1,6 @@
 """`relay verify` for the NIP-77 negentropy index: recompute each indexed filter's items from `events` and compare.
 
-An index agrees with the events when its `neg_items` are exactly the
+An index agrees with the events when its bucket items are exactly the
 (created_at, id) of the stored events its filter matches, and every bucket
 and group node holds the count and limb sums of the items it covers
 (DESIGN.md, invariant 4).  Reads only: run it on a read-only connection.

@@ -8,7 +8,7 @@ the oldest, in `Scan` steps.  Each step is one job on the store's writer
 most `batch` rows after the scan's cursor (ordered by created_at ascending,
 ties by id descending, as the (created_at DESC, id) indexes read backwards),
 keeps the protected ones (`Protection`), removes the others exactly as the
-NIP-40 purge does (`writes._delete_stored`, then the hooks: projected
+NIP-40 purge does (`writes.remove_events`: the rows, then the hooks: projected
 tables and the negentropy index follow), records their ids in `evictions`,
 and commits.  The cursor moves past every row read, so a step never reads a
 protected row twice within one run and each transaction is bounded by
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from relay.protocol.filters import Filter
 from relay.store.batch import Row
 from relay.store.projectors.rows import stored_event
-from relay.store.projectors.tables import transaction
-from relay.store.writes import Changes, TransactionHook, _delete_stored, _ids_in, _run_hooks
+from relay.store.db import transaction
+from relay.store.writes import Changes, TransactionHook, ids_in, remove_events
 
 START: tuple[int, bytes] = (-1, b"")
 """The cursor before the oldest event (created_at >= 0)."""
@@ -113,18 +113,16 @@ def evict_step(conn: sqlite3.Connection, hooks: Sequence[TransactionHook], scan:
             read += 1
             if not protection.protects(row):
                 evicted.append(row)
-        _delete_stored(cur, evicted)
         cur.executemany("INSERT OR REPLACE INTO evictions (id, created_at, evicted_at) VALUES (?, ?, ?)",
                         [(r.id, r.created_at, now) for r in evicted])
-        changes = Changes([], evicted)
-        _run_hooks(cur, hooks, changes)
+        changes = remove_events(cur, evicted, hooks)
     cursor = (rows[read - 1].created_at, rows[read - 1].id) if read else scan.cursor
     return changes, Step(read, len(evicted), cursor, done=len(rows) < batch and read == len(rows))
 
 
 def evicted_among(conn: sqlite3.Connection, ids: list[bytes]) -> set[bytes]:
     """The 32-byte ids among `ids` that retention removed here (read job, for peer sync)."""
-    return {r[0] for r in _ids_in(conn.cursor(), "SELECT id FROM evictions WHERE id IN ({})", ids)}
+    return {r[0] for r in ids_in(conn.cursor(), "SELECT id FROM evictions WHERE id IN ({})", ids)}
 
 
 def count_events(conn: sqlite3.Connection) -> int:

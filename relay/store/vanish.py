@@ -17,7 +17,7 @@ from relay.protocol.vanish import GIFT_WRAP_KIND, VANISH_KIND
 from relay.store.batch import Row
 
 VANISHED_SQL = "SELECT pubkey, until FROM vanished WHERE pubkey IN ({})"
-"""`writes._ids_in` statement: (pubkey, until) of the listed pubkeys that asked to vanish."""
+"""`writes.ids_in` statement: (pubkey, until) of the listed pubkeys that asked to vanish."""
 
 _COLUMNS = "e.seq, e.id, e.pubkey, e.created_at, e.kind, e.d_tag, e.raw"
 

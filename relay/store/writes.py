@@ -27,6 +27,7 @@ import orjson
 
 from relay.protocol.event import Event
 from relay.store import vanish
+from relay.store.db import transaction
 from relay.store.batch import (
     DELETION_KIND,
     UNDELETABLE_KINDS,
@@ -97,7 +98,8 @@ def _chunks(items: list, size: int):
         yield items[start:start + size]
 
 
-def _ids_in(cur: sqlite3.Cursor, sql: str, ids: list[bytes]) -> list[tuple]:
+def ids_in(cur: sqlite3.Cursor, sql: str, ids: list[bytes]) -> list[tuple]:
+    """The rows of `sql` (a statement with one `IN ({})` for `ids`), run in chunks below SQLite's variable limit."""
     rows = []
     for chunk in _chunks(ids, _IN_CHUNK):
         rows += cur.execute(sql.format(",".join("?" * len(chunk))), chunk).fetchall()
@@ -121,12 +123,12 @@ def _read_state(cur: sqlite3.Cursor, writes: list[Write]) -> BatchState:
     events = [w.event for w in writes]
     state = BatchState(next_seq=cur.execute("SELECT coalesce(max(seq), 0) + 1 FROM events").fetchone()[0])
     ids = [bytes.fromhex(e.id) for e in events]
-    state.existing = {r[0] for r in _ids_in(cur, "SELECT id FROM events WHERE id IN ({})", ids)}
-    state.tombstones = set(_ids_in(cur, "SELECT id, pubkey FROM tombstones WHERE id IN ({})", ids))
-    state.vanished = {pk.hex(): until for pk, until in _ids_in(cur, vanish.VANISHED_SQL,
+    state.existing = {r[0] for r in ids_in(cur, "SELECT id FROM events WHERE id IN ({})", ids)}
+    state.tombstones = set(ids_in(cur, "SELECT id, pubkey FROM tombstones WHERE id IN ({})", ids))
+    state.vanished = {pk.hex(): until for pk, until in ids_in(cur, vanish.VANISHED_SQL,
                                                                   vanish.pubkeys_to_check(cur, events))}
     from_peers = [bytes.fromhex(w.event.id) for w in writes if w.origin]
-    state.evicted = {r[0] for r in _ids_in(cur, "SELECT id FROM evictions WHERE id IN ({})", from_peers)}
+    state.evicted = {r[0] for r in ids_in(cur, "SELECT id FROM evictions WHERE id IN ({})", from_peers)}
     coordinates: dict[Coordinate, None] = {}
     for event in events:
         pk = bytes.fromhex(event.pubkey)
@@ -222,9 +224,7 @@ def apply_batch(conn: sqlite3.Connection, writes: list[Write], hooks: Sequence[T
     NIP-01 prefixes of an OK reply, and the `Changes` made.  Rolls back and
     re-raises on any database error: nothing of the batch is kept.
     """
-    cur = conn.cursor()
-    cur.execute("BEGIN IMMEDIATE")
-    try:
+    with transaction(conn) as cur:
         plan = BatchPlan(_read_state(cur, writes), relay_urls)
         for w in writes:
             plan.settle(w.event, w.origin)
@@ -233,27 +233,25 @@ def apply_batch(conn: sqlite3.Connection, writes: list[Write], hooks: Sequence[T
         changes = Changes(plan.accepted, stored_removed + in_batch,
                           {w.event.id: w.origin for w in writes if w.origin})  # peer sync: no echo to the origin
         _run_hooks(cur, hooks, changes)
-        cur.execute("COMMIT")
-    except BaseException:
-        conn.rollback()
-        raise
     return plan.outcomes, changes
 
 
 def purge_expired(conn: sqlite3.Connection, now: int, max_rows: int,
                   hooks: Sequence[TransactionHook] = ()) -> Changes:
     """NIP-40: remove up to `max_rows` events whose expiration <= `now` (unix seconds), in one transaction."""
-    cur = conn.cursor()
-    cur.execute("BEGIN IMMEDIATE")
-    try:
-        rows = [Row(*r) for r in cur.execute(
+    with transaction(conn) as cur:
+        return remove_events(cur, [Row(*r) for r in cur.execute(
             "SELECT seq, id, pubkey, created_at, kind, d_tag, raw FROM events WHERE expiration <= ? LIMIT ?",
-            (now, max_rows))]
-        _delete_stored(cur, rows)
-        changes = Changes([], rows)
-        _run_hooks(cur, hooks, changes)
-        cur.execute("COMMIT")
-    except BaseException:
-        conn.rollback()
-        raise
+            (now, max_rows))], hooks)
+
+
+def remove_events(cur: sqlite3.Cursor, rows: list[Row], hooks: Sequence[TransactionHook]) -> Changes:
+    """Delete stored `rows` (tag index entries too) and run `hooks` on that removal, in the caller's transaction.
+
+    The one removal path of NIP-40 purges and retention, so projected tables
+    and the negentropy index follow them as they follow any write.
+    """
+    _delete_stored(cur, rows)
+    changes = Changes([], rows)
+    _run_hooks(cur, hooks, changes)
     return changes

@@ -42,9 +42,9 @@ from relay.store.projectors.tables import (
     record_refusals,
     sync_schema,
     table_exists,
-    transaction,
     write_meta,
 )
+from relay.store.db import transaction
 from relay.store.writes import Changes, Removed
 
 log = structlog.get_logger(__name__)

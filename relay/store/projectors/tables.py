@@ -18,7 +18,6 @@ from __future__ import annotations
 import re
 import sqlite3
 from collections.abc import Iterable
-from contextlib import contextmanager
 from importlib import resources
 
 import orjson
@@ -31,19 +30,6 @@ META_PREFIX = "projector:"
 def quote(identifier: str) -> str:
     """An SQL identifier in double quotes (names are validated by the spec; this is belt and braces)."""
     return '"' + identifier.replace('"', '""') + '"'
-
-
-@contextmanager
-def transaction(conn: sqlite3.Connection):
-    """BEGIN IMMEDIATE ... COMMIT on an autocommit connection; ROLLBACK and re-raise on any exception."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield conn.cursor()
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
 
 
 def ensure_store_tables(conn: sqlite3.Connection) -> None:
