@@ -133,7 +133,6 @@ async def _subs_main(idx, url, filters, ready_q, go_evt, stop_evt, counter, last
     pre = sum(c.prefix_count for c in clients)
     ready_q.put({"idx": idx, "conns": len(clients), "eose": eose, "subs": nsubs,
                  "stored_events_received": pre, "errors": errors, "closed": list(closed)})
-    loop = asyncio.get_running_loop()
     cpu0 = common.self_cpu()
     while not stop_evt.is_set():
         counter.value = sum(c.prefix_count for c in clients) - pre

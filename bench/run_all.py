@@ -133,7 +133,6 @@ def _us_per(cpu_s, n) -> str:
 def report(res: dict, relays: list[str]) -> str:
     L = []
     refs = [r for r in relays if r != "ours"]
-    has_ours = "ours" in relays
     L.append("== Ingest: EVENTs acknowledged with OK true per second "
              "(window 1,000 per connection; fresh store) ==")
     L.append("   'other' = cores busy with anything but relay and generator (other jobs on the "

@@ -35,11 +35,20 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from enum import IntEnum
 from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
+
+try:  # CPython's own SHA-256: OpenSSL 3's per-object digest fetch costs more than hashing 34 bytes
+    from _sha256 import sha256 as _sha256  # Python 3.11
+except ImportError:  # pragma: no cover - 3.12 renamed it; other interpreters fall back to hashlib
+    try:
+        from _sha2 import sha256 as _sha256
+    except ImportError:
+        _sha256 = hashlib.sha256
+_SHA256_DIGEST = type(_sha256()).digest
 
 __all__ = [
     "BUCKETS",
@@ -245,8 +254,8 @@ class NegentropyStorage(Protocol):
         """16-byte fingerprint of the items in [begin, end)."""
         ...
 
-    def iter_ids(self, begin: int, end: int) -> Iterator[bytes]:
-        """The 32-byte ids of the items in [begin, end), in order."""
+    def id_bytes(self, begin: int, end: int) -> bytes:
+        """The 32-byte ids of the items in [begin, end), in order, concatenated: 32 * (end - begin) bytes."""
         ...
 
     def lower_bounds(self, bounds: Sequence[Bound]) -> np.ndarray:
@@ -360,16 +369,15 @@ class SortedVector:
         lower = int.from_bytes(self._prefix_view[begin * ID_SIZE : (begin + 1) * ID_SIZE], "little")
         return fingerprint_from_sum(upper - lower, end - begin)
 
-    def iter_ids(self, begin: int, end: int) -> Iterator[bytes]:
-        """The 32-byte ids of the items in [begin, end), in order."""
+    def id_bytes(self, begin: int, end: int) -> bytes:
+        """The 32-byte ids of the items in [begin, end), in order, concatenated: 32 * (end - begin) bytes."""
         self._check_range(begin, end)
-        blob = self._id_view[begin * ID_SIZE : end * ID_SIZE].tobytes()
-        return (blob[k : k + ID_SIZE] for k in range(0, len(blob), ID_SIZE))
+        return self._id_view[begin * ID_SIZE : end * ID_SIZE].tobytes()
 
     def lower_bounds(self, bounds: Sequence[Bound]) -> np.ndarray:
         """For each bound, the first index whose item is >= it (``size()`` if none): int64, shape (m,)."""
         self._check_sealed()
-        return sorted_lower_bounds(self._ts, self._id_view, bounds)
+        return sorted_lower_bounds(self._ts, self._id_view, *bound_keys(bounds))
 
     def prefix_sums(self, indices: np.ndarray) -> np.ndarray:
         """Sum of the ids [0, i) mod 2**256 for each index i in [0, size]: (m, 8) little-endian uint32 limbs."""
@@ -465,20 +473,26 @@ def _reject_duplicate_ids(ids: np.ndarray) -> None:
         seen.add(id_)
 
 
-def sorted_lower_bounds(timestamps: np.ndarray, id_view: memoryview, bounds: Sequence[Bound],
-                        offset: int = 0) -> np.ndarray:
-    """Lower bounds of `bounds` in sorted items: the first index whose item is >= each bound (int64, (m,)).
+def bound_keys(bounds: Sequence[Bound]) -> tuple[np.ndarray, list[bytes]]:
+    """The bounds' timestamps as a (m,) uint64 array and their id prefixes as a list."""
+    return np.fromiter((b[0] for b in bounds), dtype=np.uint64, count=len(bounds)), [b[1] for b in bounds]
+
+
+def sorted_lower_bounds(timestamps: np.ndarray, id_view: memoryview, query: np.ndarray,
+                        prefixes: Sequence[bytes], offset: int = 0) -> np.ndarray:
+    """Lower bounds in sorted items: the first index whose item is >= each bound (int64, (m,)).
 
     ``timestamps`` is the sorted uint64 array, ``id_view`` the ids as one flat
-    byte view (32 bytes an item); ``offset`` is added to every result.  Ties on
-    a timestamp are searched by id only for bounds with a nonzero id prefix.
+    byte view (32 bytes an item); the bounds are given as `bound_keys` gives
+    them.  ``offset`` is added to every result.  Ties on a timestamp are
+    searched by id only for bounds whose prefix has a nonzero byte.
     """
-    query = np.fromiter((b.timestamp for b in bounds), dtype=np.uint64, count=len(bounds))
     lows = np.searchsorted(timestamps, query, side="left").astype(np.int64)
     highs = np.searchsorted(timestamps, query, side="right")
     for k in np.flatnonzero(highs > lows).tolist():
-        padded = bounds[k].padded_id()
-        if padded != _ZERO_ID:
+        prefix = prefixes[k]
+        if prefix.strip(b"\0"):
+            padded = prefix.ljust(ID_SIZE, b"\0")
             lo, hi = int(lows[k]), int(highs[k])
             lows[k] = lo + bisect.bisect_left(
                 range(lo, hi), padded, key=lambda i: bytes(id_view[i * ID_SIZE : (i + 1) * ID_SIZE]))
@@ -487,33 +501,35 @@ def sorted_lower_bounds(timestamps: np.ndarray, id_view: memoryview, bounds: Seq
     return lows
 
 
-def range_fingerprints(lower: np.ndarray, upper: np.ndarray, counts: Sequence[int]) -> list[bytes]:
+def range_fingerprints(lower: np.ndarray, upper: np.ndarray, counts: Sequence[int]) -> np.ndarray:
     """Fingerprints of ranges from their prefix sums (NIP-77 appendix, "Fingerprint").
 
     ``lower`` and ``upper`` are (m, 8) uint32 limb arrays (sums of the ids
     before each range's start and end, mod 2**256), ``counts`` the ranges'
-    sizes.  Returns m 16-byte fingerprints.
+    sizes.  Returns the m 16-byte fingerprints as an (m, 16) uint8 array.
     """
     sums = limbs_sub(upper, lower).view(np.uint8).reshape(-1, ID_SIZE)
     varints, used = encode_varints(np.asarray(counts, dtype=np.uint64))
     widths = used.sum(axis=1)
-    sha256 = hashlib.sha256
-
-    def hashed(rows: np.ndarray | slice, width: int) -> list[bytes]:
-        """The digests of `rows`, whose counts all take `width` varint bytes: one buffer of equal-size inputs."""
-        size = ID_SIZE + width
-        inputs = memoryview(np.concatenate([sums[rows], varints[rows, :width]], axis=1).tobytes())
-        return [sha256(inputs[k : k + size]).digest()[:FINGERPRINT_SIZE] for k in range(0, len(inputs), size)]
-
     found = np.unique(widths).tolist()
     if len(found) == 1:  # the usual case: similar range sizes
-        return hashed(slice(None), found[0])
-    digests: list[bytes] = [b""] * len(sums)
+        return _sha256_rows(np.concatenate([sums, varints[:, : found[0]]], axis=1))
+    digests = np.empty((len(sums), FINGERPRINT_SIZE), dtype=np.uint8)
     for width in found:
         rows = np.flatnonzero(widths == width)
-        for row, digest in zip(rows.tolist(), hashed(rows, width)):
-            digests[row] = digest
+        digests[rows] = _sha256_rows(np.concatenate([sums[rows], varints[rows, :width]], axis=1))
     return digests
+
+
+def _sha256_rows(inputs: np.ndarray) -> np.ndarray:
+    """The first 16 bytes of the SHA-256 of each row of an (m, w) uint8 array: (m, 16) uint8.
+
+    Each row becomes one bytes object through a void view, and the hashing
+    runs in `map`: no Python frame per hash.
+    """
+    rows = np.ascontiguousarray(inputs).view(f"V{inputs.shape[1]}").ravel().tolist()
+    digests = b"".join(map(_SHA256_DIGEST, map(_sha256, rows)))
+    return np.frombuffer(digests, dtype=np.uint8).reshape(-1, 32)[:, :FINGERPRINT_SIZE]
 
 
 def limbs_sub(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -576,19 +592,20 @@ def encode_varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def running_id_sums(ids: np.ndarray) -> np.ndarray:
     """Running sums of the ids mod 2**256: shape (n + 1, 8) little-endian uint32.
 
-    Row k is the sum of the first k ids.  The per-limb cumulative sums stay
-    exact in uint64 below 2**32 items; the carries are then folded upward.
+    Row k is the sum of the first k ids.  Each limb's cumulative sum stays
+    exact in uint64 below 2**32 items (one contiguous column at a time); the
+    carries are then folded upward in place.
     """
     n = len(ids)
-    limb_sums = np.zeros((n + 1, 8), dtype=np.uint64)
-    np.cumsum(ids.view("<u4"), axis=0, dtype=np.uint64, out=limb_sums[1:])
-    prefix = np.empty((n + 1, 8), dtype="<u4")
-    carry = np.zeros(n + 1, dtype=np.uint64)
+    limbs = ids.view("<u4")
+    sums = np.zeros((8, n + 1), dtype=np.uint64)
     for j in range(8):
-        total = limb_sums[:, j] + carry
-        prefix[:, j] = total & np.uint64(0xFFFFFFFF)
-        carry = total >> np.uint64(32)
-    return prefix
+        np.cumsum(limbs[:, j], dtype=np.uint64, out=sums[j, 1:])
+    carry = np.empty(n + 1, dtype=np.uint64)
+    for j in range(7):
+        np.right_shift(sums[j], np.uint64(32), out=carry)
+        sums[j + 1] += carry
+    return sums.astype("<u4").T.copy()  # the cast keeps each limb's low 32 bits
 
 
 # ---------------------------------------------------------------- wire format
@@ -641,25 +658,37 @@ def decode_message(msg: bytes) -> tuple[int, list[Range]]:
     version = reader.take(1)[0]
     if version != PROTOCOL_VERSION:
         return version, []
-    ranges, error = _parse_ranges(reader)
-    if error is not None:
-        raise error
-    return version, ranges
+    parsed = _parse_ranges(reader)
+    if parsed.error is not None:
+        raise parsed.error
+    return version, [Range(Bound(*bound), Mode(mode), payload)
+                     for bound, mode, payload in zip(parsed.bounds, parsed.modes, parsed.payloads)]
 
 
-def _parse_ranges(reader: _Reader) -> tuple[list[Range], NegentropyError | None]:
+class _Parsed(NamedTuple):
+    """A message's ranges as columns: (timestamp, id prefix) bound tuples, modes (0-2), payloads."""
+
+    bounds: list[tuple[int, bytes]]
+    modes: list[int]
+    payloads: list[bytes | list[bytes] | None]
+    error: NegentropyError | None
+
+
+def _parse_ranges(reader: _Reader) -> _Parsed:
     """The ranges up to the end of the message, or up to a malformed one: then also its error.
 
     A reconciler reports the error only if it gets that far: a frame that
     fills up first ends the reply without reading the rest, as the reference.
-    The common one-byte varints are decoded inline: this loop runs once per
-    range of every message.
+    This loop runs once per range of every message: the common one- and
+    two-byte varints are decoded inline, and the ranges come out as plain
+    tuples in columns (a named tuple costs a call each).
     """
     data, pos, last = reader.data, reader.pos, reader.last_timestamp
     end = len(data)
-    ranges: list[Range] = []
-    append, make = ranges.append, tuple.__new__
-    fingerprint_mode, id_list_mode, skip_mode = Mode.FINGERPRINT, Mode.ID_LIST, Mode.SKIP
+    bounds: list[tuple[int, bytes]] = []
+    modes: list[int] = []
+    payloads: list[bytes | list[bytes] | None] = []
+    add_bound, add_mode, add_payload = bounds.append, modes.append, payloads.append
     try:
         while pos < end:
             if data[pos] < 0x80:
@@ -685,7 +714,7 @@ def _parse_ranges(reader: _Reader) -> tuple[list[Range], NegentropyError | None]
                 raise NegentropyError(f"bound key too long ({length} bytes)")
             if end - pos < length:
                 raise NegentropyError("parse ends prematurely")
-            bound = make(Bound, (last, data[pos : pos + length]))
+            bound = (last, data[pos : pos + length])
             pos += length
             if pos < end and data[pos] < 0x80:
                 mode = data[pos]
@@ -695,22 +724,23 @@ def _parse_ranges(reader: _Reader) -> tuple[list[Range], NegentropyError | None]
             if mode == 1:
                 if end - pos < FINGERPRINT_SIZE:
                     raise NegentropyError("parse ends prematurely")
-                append(make(Range, (bound, fingerprint_mode, data[pos : pos + FINGERPRINT_SIZE])))
+                add_payload(data[pos : pos + FINGERPRINT_SIZE])
                 pos += FINGERPRINT_SIZE
             elif mode == 2:
                 count, pos = decode_varint(data, pos)
                 if count * ID_SIZE > end - pos:
                     raise NegentropyError("parse ends prematurely (id list)")
-                ids = [data[k : k + ID_SIZE] for k in range(pos, pos + count * ID_SIZE, ID_SIZE)]
-                append(make(Range, (bound, id_list_mode, ids)))
+                add_payload([data[k : k + ID_SIZE] for k in range(pos, pos + count * ID_SIZE, ID_SIZE)])
                 pos += count * ID_SIZE
             elif mode == 0:
-                append(make(Range, (bound, skip_mode, None)))
+                add_payload(None)
             else:
                 raise NegentropyError(f"unexpected mode {mode}")
+            add_bound(bound)
+            add_mode(mode)
     except NegentropyError as exc:
-        return ranges, exc
-    return ranges, None
+        return _Parsed(bounds, modes, payloads, exc)
+    return _Parsed(bounds, modes, payloads, None)
 
 
 def encode_message(ranges: Iterable[Range], version: int = PROTOCOL_VERSION) -> bytes:
@@ -837,7 +867,7 @@ class _Splits:
         middles = _encode_middles(ts_at, ids_at, lengths, digests)
         for s, key in enumerate(big):
             first = Bound(int(ts_at[s, 0]), ids_at[s, 0, : lengths[s, 0]].tobytes())
-            self._splits[key] = (first, middles[s], int(ts_at[s, -1]), digests[(s + 1) * BUCKETS - 1])
+            self._splits[key] = (first, middles[s], int(ts_at[s, -1]), digests[(s + 1) * BUCKETS - 1].tobytes())
 
     def write(self, lower: int, upper: int, upper_bound: Bound, out: bytearray, enc: _Encoder) -> None:
         """Append the description of our items in [lower, upper), ending at ``upper_bound``."""
@@ -845,7 +875,7 @@ class _Splits:
         if found is None:
             enc.bound(out, upper_bound)
             out += encode_varint(Mode.ID_LIST) + encode_varint(upper - lower)
-            out += b"".join(self.storage.iter_ids(lower, upper))
+            out += self.storage.id_bytes(lower, upper)
             return
         first, middle, last_timestamp, last_digest = found
         enc.bound(out, first)
@@ -856,11 +886,11 @@ class _Splits:
         out += last_digest
 
 
-def _encode_middles(timestamps: np.ndarray, ids: np.ndarray, lengths: np.ndarray, digests: list[bytes]) -> list[bytes]:
+def _encode_middles(timestamps: np.ndarray, ids: np.ndarray, lengths: np.ndarray, digests: np.ndarray) -> list[bytes]:
     """Each split's ranges from its first fingerprint to its last bound but one, encoded in bulk.
 
     ``timestamps`` (s, 15), ``ids`` (s, 15, 32) and ``lengths`` (s, 15) give
-    the 15 inner bounds of s splits, ``digests`` their 16 fingerprints each.
+    the 15 inner bounds of s splits, ``digests`` (16 * s, 16) their 16 fingerprints each.
     Split k's bytes are: Fingerprint mode and digest 0, then for j = 1..14
     bound j (timestamp delta from bound j - 1, prefix length, prefix), mode
     and digest j.  One byte matrix with a mask of what each cell holds, read
@@ -879,7 +909,7 @@ def _encode_middles(timestamps: np.ndarray, ids: np.ndarray, lengths: np.ndarray
     used[:, 1:, 11 : 11 + ID_SIZE] = np.arange(ID_SIZE)[None, None, :] < lengths[:, 1:, None]
     cells[:, :, 11 + ID_SIZE] = Mode.FINGERPRINT
     used[:, :, 11 + ID_SIZE] = True
-    digest_cells = np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(splits, BUCKETS, FINGERPRINT_SIZE)
+    digest_cells = digests.reshape(splits, BUCKETS, FINGERPRINT_SIZE)
     cells[:, :, 12 + ID_SIZE :] = digest_cells[:, :inner]
     used[:, :, 12 + ID_SIZE :] = True
     flat = cells[used].tobytes()
@@ -907,25 +937,24 @@ class _Round:
         self.skip = False
 
     def run(self) -> bytes:
-        ranges, error = _parse_ranges(self.reader)
-        uppers = np.maximum.accumulate(self.storage.lower_bounds([r.upper_bound for r in ranges])).tolist() \
-            if ranges else []
+        bounds, modes, payloads, error = _parse_ranges(self.reader)
+        uppers = np.maximum.accumulate(self.storage.lower_bounds(bounds)).tolist() if bounds else []
         lowers = [0, *uppers[:-1]]
-        mismatched = self._mismatched(ranges, lowers, uppers)
+        mismatched = self._mismatched(modes, payloads, lowers, uppers)
         splits = _Splits(self.storage, [(lowers[k], uppers[k]) for k in mismatched])
         skip_mode, fingerprint_mode = Mode.SKIP, Mode.FINGERPRINT  # Enum attribute lookups are slow in a loop
-        for k, rng in enumerate(ranges):
-            mode = rng.mode
-            if mode is skip_mode or (mode is fingerprint_mode and k not in mismatched):
+        for k, mode in enumerate(modes):
+            if mode == skip_mode or (mode == fingerprint_mode and k not in mismatched):
                 self.skip = True  # nothing written: the frame cannot fill here
                 continue
             lower, upper = lowers[k], uppers[k]
             pending = bytearray()
-            if mode is fingerprint_mode:
-                self._flush_skip(pending, ranges[k - 1].upper_bound if k else ZERO_BOUND)
-                splits.write(lower, upper, rng.upper_bound, pending, self.enc)
+            previous = bounds[k - 1] if k else ZERO_BOUND
+            if mode == fingerprint_mode:
+                self._flush_skip(pending, previous)
+                splits.write(lower, upper, bounds[k], pending, self.enc)
             else:
-                upper = self._id_list(lower, upper, rng, pending, ranges[k - 1].upper_bound if k else ZERO_BOUND)
+                upper = self._id_list(lower, upper, bounds[k], payloads[k], pending, previous)
             if self.neg._exceeds_frame(len(self.out) + len(pending)):
                 self._finish_with_fingerprint(upper)
                 return bytes(self.out)
@@ -934,15 +963,15 @@ class _Round:
             raise error
         return bytes(self.out)
 
-    def _mismatched(self, ranges: list[Range], lowers: list[int], uppers: list[int]) -> set[int]:
+    def _mismatched(self, modes: list[int], payloads: list, lowers: list[int], uppers: list[int]) -> set[int]:
         """Positions of the Fingerprint ranges whose fingerprint differs from ours."""
-        fingerprint_mode = Mode.FINGERPRINT
-        fp = [k for k, rng in enumerate(ranges) if rng.mode is fingerprint_mode]
+        fp = [k for k, mode in enumerate(modes) if mode == 1]  # Mode.FINGERPRINT
         if not fp:
             return set()
         prefixes = self.storage.prefix_sums(np.array([lowers[k] for k in fp] + [uppers[k] for k in fp]))
         ours = range_fingerprints(prefixes[: len(fp)], prefixes[len(fp):], [uppers[k] - lowers[k] for k in fp])
-        return {k for k, digest in zip(fp, ours) if digest != ranges[k].payload}
+        theirs = np.frombuffer(b"".join([payloads[k] for k in fp]), dtype=np.uint8).reshape(-1, FINGERPRINT_SIZE)
+        return set(np.asarray(fp)[(ours != theirs).any(axis=1)].tolist())
 
     def _flush_skip(self, pending: bytearray, prev_bound: Bound) -> None:
         if self.skip:
@@ -950,21 +979,23 @@ class _Round:
             self.enc.bound(pending, prev_bound)
             pending += encode_varint(Mode.SKIP)
 
-    def _id_list(self, lower: int, upper: int, rng: Range, pending: bytearray, prev_bound: Bound) -> int:
-        """Handle an IdList range; return the (possibly shrunk) upper index."""
+    def _id_list(self, lower: int, upper: int, bound: Bound, their_ids: list[bytes], pending: bytearray,
+                 prev_bound: Bound) -> int:
+        """Handle an IdList range ending at `bound`; return the (possibly shrunk) upper index."""
         if self.neg.is_initiator:
-            self._diff_ids(lower, upper, rng.payload)
+            self._diff_ids(lower, upper, their_ids)
             self.skip = True
             return upper
         self._flush_skip(pending, prev_bound)
-        upper = self._answer_id_list(lower, upper, rng.upper_bound, pending)
+        upper = self._answer_id_list(lower, upper, bound, pending)
         self.out += pending
         del pending[:]
         return upper
 
     def _diff_ids(self, lower: int, upper: int, their_ids: list[bytes]) -> None:
         remaining = dict.fromkeys(their_ids)
-        for id_ in self.storage.iter_ids(lower, upper):
+        ours = self.storage.id_bytes(lower, upper)
+        for id_ in (ours[k : k + ID_SIZE] for k in range(0, len(ours), ID_SIZE)):
             if id_ in remaining:
                 del remaining[id_]
             else:
@@ -980,7 +1011,7 @@ class _Round:
             end_bound = Bound(*self.storage.get_item(upper))
         self.enc.bound(pending, end_bound)
         pending += encode_varint(Mode.ID_LIST) + encode_varint(count)
-        pending += b"".join(self.storage.iter_ids(lower, upper))
+        pending += self.storage.id_bytes(lower, upper)
         return upper
 
     def _ids_that_fit(self, available: int) -> int:

@@ -63,6 +63,7 @@ from relay.protocol.negentropy import (
     Negentropy,
     NegentropyError,
     SortedVector,
+    bound_keys,
     limbs_add,
     limbs_sub,
     range_fingerprints,
@@ -655,32 +656,32 @@ class IndexReader:
         """Index of the first item >= `key` (size if none); `key` may use a timestamp up to 2**64 - 1."""
         return int(self.lower_bounds([Bound(key[0], key[1])])[0])
 
-    def iter_ids(self, begin: int, end: int) -> Iterator[bytes]:
-        """The ids of the items [begin, end), in order."""
-        i = begin
+    def id_bytes(self, begin: int, end: int) -> bytes:
+        """The ids of the items [begin, end), in order, concatenated: 32 * (end - begin) bytes."""
+        parts, i = [], begin
         while i < end:
             g, offset = self._locate(i)
             take = min(end - i, self._counts[g + 1] - i)
-            blob = self._group(g).id_view[offset * ID_SIZE:(offset + take) * ID_SIZE].tobytes()
-            yield from (blob[k:k + ID_SIZE] for k in range(0, len(blob), ID_SIZE))
+            parts.append(self._group(g).id_view[offset * ID_SIZE:(offset + take) * ID_SIZE])
             i += take
+        return b"".join(parts)
 
     # -- in bulk (NegentropyStorage's bulk methods, over global indices)
 
     def lower_bounds(self, bounds: Sequence[Bound]) -> np.ndarray:
         """For each bound, the index of the first item >= it (size if none): int64, shape (m,)."""
         result = np.full(len(bounds), self.size, dtype=np.int64)
-        query = np.fromiter((b.timestamp for b in bounds), dtype=np.uint64, count=len(bounds))
+        query, prefixes = bound_keys(bounds)
         groups = np.searchsorted(self._start_ts, query, side="right")  # last group starting at or before
-        for k in np.flatnonzero(groups > 0).tolist():
-            g = int(groups[k])
-            if self._starts[g][0] == bounds[k].timestamp:  # ties on the start's timestamp: compare ids
-                groups[k] = self._group_of_key((bounds[k].timestamp, bounds[k].padded_id()))
+        after_first = np.flatnonzero(groups > 0)
+        # a bound on a group start's timestamp may lie before that start: compare ids
+        for k in after_first[self._start_ts[groups[after_first] - 1] == query[after_first]].tolist():
+            groups[k] = self._group_of_key((int(query[k]), prefixes[k].ljust(ID_SIZE, b"\0")))
         finite = np.flatnonzero(query < np.uint64(INFINITY))
         for g, positions in _by_group(groups[finite], finite):
             group = self._group(g)
-            result[positions] = sorted_lower_bounds(group.timestamps, group.id_view,
-                                                    [bounds[k] for k in positions.tolist()], self._counts[g])
+            result[positions] = sorted_lower_bounds(group.timestamps, group.id_view, query[positions],
+                                                    [prefixes[k] for k in positions.tolist()], self._counts[g])
         return result
 
     def _split_indices(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -803,13 +804,12 @@ class IndexView:
         """16-byte fingerprint of the items in [begin, end) (NIP-77 appendix, "Fingerprint")."""
         self._check_range(begin, end)
         sums = self.prefix_sums(np.array([begin, end]))
-        return range_fingerprints(sums[:1], sums[1:], [end - begin])[0]
+        return range_fingerprints(sums[:1], sums[1:], [end - begin])[0].tobytes()
 
-    def iter_ids(self, begin: int, end: int) -> Iterator[bytes]:
-        """The 32-byte ids of the items in [begin, end), in order."""
+    def id_bytes(self, begin: int, end: int) -> bytes:
+        """The 32-byte ids of the items in [begin, end), in order, concatenated: 32 * (end - begin) bytes."""
         self._check_range(begin, end)
-        for lo, hi in self._parts(begin, end):
-            yield from self._reader.iter_ids(lo, hi)
+        return b"".join([self._reader.id_bytes(lo, hi) for lo, hi in self._parts(begin, end)])
 
     def lower_bounds(self, bounds: Sequence[Bound]) -> np.ndarray:
         """For each bound, the first index whose item is >= it (``size()`` if none): int64, shape (m,)."""

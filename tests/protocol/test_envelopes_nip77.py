@@ -35,6 +35,8 @@ def test_parses_each_negentropy_verb():
     ('["NEG-OPEN", "n", {}, "6"]', "n"),            # odd length
     ('["NEG-OPEN", "n", {}, "6g"]', "n"),           # not hex
     ('["NEG-OPEN", "n", {}, " 61"]', "n"),          # bytes.fromhex would skip the space: refused
+    ('["NEG-MSG", "n", "61 00 "]', "n"),            # spaces between pairs, even length: refused
+    ('["NEG-MSG", "n", "61\\u00e9\\u00e9"]', "n"),      # not ASCII
     ('["NEG-OPEN", "n", {}, 61]', "n"),             # not a string
     ('["NEG-OPEN", "n", {"kinds": 1}, "61"]', "n"),  # bad filter
     ('["NEG-OPEN", "n", {}]', "n"),                 # no message

@@ -46,7 +46,7 @@ from relay.config import Config, load_config
 from relay.store.projectors import BUILTIN_PROJECTORS
 from relay.projector_commands import run_verify
 from tests.helpers import REAL_EVENTS, Client, Keys, read_jsonl
-from tests.model import expected_live, first_tag, is_addressable, is_replaceable
+from tests.model import expected_live, first_tag
 from tests.served import Served
 
 CONFIG_TOML = """\
