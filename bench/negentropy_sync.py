@@ -65,7 +65,9 @@ import events  # noqa: E402
 import stores  # noqa: E402
 
 from relay.store import db as store_db  # noqa: E402
-from relay.store.negentropy_index import NegentropyIndex, indexed_items  # noqa: E402
+from relay.config import Config  # noqa: E402
+from relay.hooks import negentropy_hook  # noqa: E402
+from relay.store.negentropy_index import indexed_items  # noqa: E402
 
 NEG = common.RESULTS / "neg"
 JS = common.BENCH / "js"
@@ -147,9 +149,10 @@ def check_db(db: Path, items: list[tuple[int, bytes]]) -> dict:
     want = set(items)
     con = sqlite3.connect(db, isolation_level=None)
     try:
-        # as `relay serve` does at start: migrate, and (re)build the index if its layout changed
+        # as `relay serve` does at start (default config): migrate, and (re)build the indexes if their
+        # layout changed; the default's index set, or the serve after it would rebuild the public one
         store_db.migrate(con)
-        NegentropyIndex().setup(con)
+        negentropy_hook(Config()).setup(con)
         ev = set(con.execute("SELECT created_at, id FROM events"))
         row = con.execute("SELECT filter_no FROM neg_filters WHERE spec = '{}'").fetchone()
         neg = set(indexed_items(con, row[0])) if row else set()

@@ -576,17 +576,20 @@ def minimal_bound_lengths(before: tuple[np.ndarray, np.ndarray], at: tuple[np.nd
 
 
 def encode_varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Varints (as `encode_varint`) of uint64 values, in bulk: a (n, 10) uint8 matrix, each left-aligned,
-    and the (n, 10) mask of the bytes that belong to it."""
+    """Varints (as `encode_varint`) of uint64 values, in bulk: a (n, w) uint8 matrix, each left-aligned,
+    and the (n, w) mask of the bytes that belong to it; w (1 to 10) is the widest varint's length."""
     values = values.astype(np.uint64)
+    top = int(values.max()) if len(values) else 0
+    width = max(1, -(-top.bit_length() // 7))
     digits = np.ones(len(values), dtype=np.int64)
-    for k in range(1, 10):
+    for k in range(1, width):
         digits += (values >> np.uint64(7 * k)) > 0
-    position = np.arange(10)[None, :]
-    shifts = (np.clip(digits[:, None] - 1 - position, 0, None) * 7).astype(np.uint64)
+    position = np.arange(width)[None, :]
+    last = digits[:, None] - 1
+    shifts = (np.maximum(last - position, 0) * 7).astype(np.uint64)
     out = ((values[:, None] >> shifts) & np.uint64(0x7F)).astype(np.uint8)
-    out |= np.where(position < digits[:, None] - 1, 0x80, 0).astype(np.uint8)
-    return out, position < digits[:, None]
+    out[position < last] |= 0x80
+    return out, position <= last
 
 
 def running_id_sums(ids: np.ndarray) -> np.ndarray:
@@ -848,7 +851,7 @@ class _Splits:
 
     def __init__(self, storage: NegentropyStorage, ranges: Sequence[tuple[int, int]]) -> None:
         self.storage = storage
-        self._splits: dict[tuple[int, int], tuple[Bound, bytes, int, bytes]] = {}
+        self._splits: dict[tuple[int, int], tuple[tuple[int, bytes], bytes, int, bytes]] = {}
         big = [(lo, hi) for lo, hi in ranges if hi - lo >= 2 * BUCKETS]
         if not big:
             return
@@ -865,9 +868,13 @@ class _Splits:
         lengths = minimal_bound_lengths((ts[:m], ids[:m]), (ts[m:], ids[m:])).reshape(len(big), BUCKETS - 1)
         ts_at, ids_at = ts[m:].reshape(len(big), BUCKETS - 1), ids[m:].reshape(len(big), BUCKETS - 1, ID_SIZE)
         middles = _encode_middles(ts_at, ids_at, lengths, digests)
-        for s, key in enumerate(big):
-            first = Bound(int(ts_at[s, 0]), ids_at[s, 0, : lengths[s, 0]].tobytes())
-            self._splits[key] = (first, middles[s], int(ts_at[s, -1]), digests[(s + 1) * BUCKETS - 1].tobytes())
+        first_ids = ids_at[:, 0].tobytes()
+        last_digests = np.ascontiguousarray(digests[BUCKETS - 1 :: BUCKETS]).view(f"V{FINGERPRINT_SIZE}").ravel()
+        for s, (key, first_ts, first_length, middle, last_ts, last_digest) in enumerate(zip(
+                big, ts_at[:, 0].tolist(), lengths[:, 0].tolist(), middles, ts_at[:, -1].tolist(),
+                last_digests.tolist())):
+            first = (first_ts, first_ids[s * ID_SIZE : s * ID_SIZE + first_length])
+            self._splits[key] = (first, middle, last_ts, last_digest)
 
     def write(self, lower: int, upper: int, upper_bound: Bound, out: bytearray, enc: _Encoder) -> None:
         """Append the description of our items in [lower, upper), ending at ``upper_bound``."""
@@ -897,21 +904,25 @@ def _encode_middles(timestamps: np.ndarray, ids: np.ndarray, lengths: np.ndarray
     out in row order, replaces some 30 small appends per split.
     """
     splits, inner = timestamps.shape
-    width = 10 + 1 + ID_SIZE + 1 + FINGERPRINT_SIZE
-    cells = np.zeros((splits, inner, width), dtype=np.uint8)
-    used = np.zeros((splits, inner, width), dtype=bool)
     varints, varint_used = encode_varints((timestamps[:, 1:] - timestamps[:, :-1] + np.uint64(1)).ravel())
-    cells[:, 1:, :10] = varints.reshape(splits, inner - 1, 10)
-    used[:, 1:, :10] = varint_used.reshape(splits, inner - 1, 10)
-    cells[:, 1:, 10] = lengths[:, 1:]
-    used[:, 1:, 10] = True
-    cells[:, 1:, 11 : 11 + ID_SIZE] = ids[:, 1:]
-    used[:, 1:, 11 : 11 + ID_SIZE] = np.arange(ID_SIZE)[None, None, :] < lengths[:, 1:, None]
-    cells[:, :, 11 + ID_SIZE] = Mode.FINGERPRINT
-    used[:, :, 11 + ID_SIZE] = True
-    digest_cells = digests.reshape(splits, BUCKETS, FINGERPRINT_SIZE)
-    cells[:, :, 12 + ID_SIZE :] = digest_cells[:, :inner]
-    used[:, :, 12 + ID_SIZE :] = True
+    longest = int(lengths[:, 1:].max()) if splits else 0
+    # a cell: timestamp delta, prefix length, prefix, mode, digest; as narrow as this batch allows
+    at_length = varints.shape[1]
+    at_prefix = at_length + 1
+    at_mode = at_prefix + longest
+    at_digest = at_mode + 1
+    cells = np.zeros((splits, inner, at_digest + FINGERPRINT_SIZE), dtype=np.uint8)
+    used = np.zeros(cells.shape, dtype=bool)
+    cells[:, 1:, :at_length] = varints.reshape(splits, inner - 1, at_length)
+    used[:, 1:, :at_length] = varint_used.reshape(splits, inner - 1, at_length)
+    cells[:, 1:, at_length] = lengths[:, 1:]
+    used[:, 1:, at_length] = True
+    cells[:, 1:, at_prefix:at_mode] = ids[:, 1:, :longest]
+    used[:, 1:, at_prefix:at_mode] = np.arange(longest)[None, None, :] < lengths[:, 1:, None]
+    cells[:, :, at_mode] = Mode.FINGERPRINT
+    used[:, :, at_mode] = True
+    cells[:, :, at_digest:] = digests.reshape(splits, BUCKETS, FINGERPRINT_SIZE)[:, :inner]
+    used[:, :, at_digest:] = True
     flat = cells[used].tobytes()
     ends = np.cumsum(used.reshape(splits, -1).sum(axis=1)).tolist()
     return [flat[start:end] for start, end in zip([0, *ends[:-1]], ends)]
