@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/negentropy_sync.py [--sizes 100000 1000000] [--diffs 0.01 0.1]
         [--frame 60000] [--reps 3] [--big-reps 1] [--localrelay-n 50000] [--ingest-n 100000]
-        [--ingest-reps 2] [--skip-localrelay] [--skip-ingest]
+        [--ingest-reps 2] [--floor-sizes 100000] [--skip-localrelay] [--skip-ingest]
 
 Needs `npm install` in bench/js once (nostr-tools 2.25.2) and Node 20+ (the built-in WebSocket,
 behind --experimental-websocket in Node 20).  Output: tables on stdout, everything in
@@ -35,6 +35,11 @@ its set check in bench/results/neg/ours-1000000.db); later runs reuse both.  The
 RELAY_LIMITS__MAX_CREATED_AT_FUTURE_SECONDS=40000000 (otherwise later events are rejected).
 --ours-env passes settings to our relay, e.g. RELAY_NEGENTROPY__FRAME_SIZE_LIMIT=60000 to answer
 with the same frame size as the client (and as LocalRelay).
+
+Client floor (--floor-sizes, default 100,000): bench/js/neg_inprocess.mjs runs the same client
+(nostr-tools' initiator, --frame) against nostr-tools' own responder (frame 500,000) in one Node
+process, on the same two sets: no socket, no relay.  Its wall time is what a relay costing nothing
+would give this client; its initiator time is the client's share of any relay's wall time.
 
 Ingest with the negentropy index on and off: `relay import` of the same stored-N.jsonl into a fresh
 database with RELAY_NEGENTROPY__ENABLED=true / false, alternating, events/s = N / wall and the
@@ -72,6 +77,7 @@ from relay.store.negentropy_index import indexed_items  # noqa: E402
 NEG = common.RESULTS / "neg"
 JS = common.BENCH / "js"
 CLIENT = JS / "neg_client.mjs"
+FLOOR = JS / "neg_inprocess.mjs"
 RELAY_EXE = common.REPO / ".venv" / "bin" / "relay"
 REPLACEABLE = {0, 3}
 FUTURE_SECONDS = 40_000_000
@@ -178,6 +184,15 @@ def ours_db(n: int, jsonl: Path, items: list[tuple[int, bytes]]) -> tuple[Path, 
     return db, info
 
 
+def items_file(items: list[tuple[int, bytes]], path: Path) -> Path:
+    """`items` as the Node scripts' 36-byte records (uint32 LE created_at, 32-byte id)."""
+    pack = struct.Struct("<I32s").pack
+    with open(path, "wb") as f:
+        for ts, eid in items:
+            f.write(pack(ts, eid))
+    return path
+
+
 def client_side(items: list[tuple[int, bytes]], diff: float, seed: int
                 ) -> tuple[Path, set[str], set[str]]:
     """Items file for the Node client, expected have (client-only) and need (relay-only) ids."""
@@ -190,14 +205,7 @@ def client_side(items: list[tuple[int, bytes]], diff: float, seed: int
     for i in range(half):
         eid = hashlib.sha256(f"neg-bench-client-only:{seed}:{n}:{diff}:{i}".encode()).digest()
         extra.append((rng.choice(ts_pool), eid))
-    path = NEG / f"client-{n}-{diff}.bin"
-    with open(path, "wb") as f:
-        pack = struct.Struct("<I32s").pack
-        for j, (ts, eid) in enumerate(items):
-            if j not in drop:
-                f.write(pack(ts, eid))
-        for ts, eid in extra:
-            f.write(pack(ts, eid))
+    path = items_file([item for j, item in enumerate(items) if j not in drop] + extra, NEG / f"client-{n}-{diff}.bin")
     need = {items[j][1].hex() for j in drop}
     have = {eid.hex() for _, eid in extra}
     return path, have, need
@@ -259,6 +267,32 @@ def run_sizes(args, results: dict) -> None:
             srv.stop()
             for suffix in ("-wal", "-shm"):
                 Path(str(db) + suffix).unlink(missing_ok=True)
+
+
+def run_floor(args, results: dict) -> None:
+    """The nostr-tools client against nostr-tools' responder in one process (see the module docstring)."""
+    for n in args.floor_sizes:
+        _, items = stored_set(n)
+        relay_bin = items_file(items, NEG / f"relay-{n}.bin")
+        for d in args.diffs:
+            client_bin, have, need = client_side(items, d, args.seed)
+            for rep in range(args.reps):
+                out = NEG / "floor-out.json"
+                r = subprocess.run(["node", "--no-warnings", str(FLOOR), str(client_bin), str(relay_bin),
+                                    str(args.frame), "500000", str(out)], cwd=JS, capture_output=True,
+                                   text=True, timeout=args.timeout)
+                if r.returncode != 0:
+                    raise RuntimeError(f"neg_inprocess.mjs exited {r.returncode}: {r.stderr[-800:]}")
+                res = json.loads(out.read_text())
+                out.unlink()
+                exact = set(res.pop("have")) == have and set(res.pop("need")) == need
+                res.update({"n": n, "diff": d, "rep": rep, "exact": exact, "load": load_avg()})
+                results["floor"].append(res)
+                log(f"floor n={n:,} diff={d:.0%} rep {rep + 1}: wall {res['wall_ms']:.0f} ms, initiator "
+                    f"{res['initiator_ms']:.0f} ms, responder {res['responder_ms']:.0f} ms, "
+                    f"{res['rounds']} rounds, {'exact' if exact else 'MISMATCH'}")
+            client_bin.unlink(missing_ok=True)
+        relay_bin.unlink(missing_ok=True)
 
 
 def run_localrelay(args, results: dict) -> None:
@@ -373,6 +407,13 @@ def report(results: dict) -> str:
                 a, b = med("ours", key), med("localrelay", key)
                 lines.append(f"  diff {d:.0%} {label}: ours {a:,.3f}  localrelay {b:,.3f}  "
                              f"ratio {a / b if b else float('nan'):.2f}")
+    if results.get("floor"):
+        lines += ["", "Client floor: nostr-tools initiator against nostr-tools' responder in one process"
+                  " (no socket, no relay; ms):", ""]
+        for r in results["floor"]:
+            lines.append(f"  n {r['n']:,} diff {r['diff']:.0%} rep {r['rep'] + 1}: wall {r['wall_ms']:,.0f}, "
+                         f"initiator {r['initiator_ms']:,.0f}, responder {r['responder_ms']:,.0f}, "
+                         f"{r['rounds']} rounds, {'exact' if r['exact'] else 'MISMATCH'}, load {r['load']}")
     if results.get("ingest"):
         lines += ["", "Ingest, relay import into a fresh db:", ""]
         for r in results["ingest"]:
@@ -406,6 +447,8 @@ def main() -> None:
     ap.add_argument("--ingest-n", type=int, default=100_000)
     ap.add_argument("--ingest-reps", type=int, default=2)
     ap.add_argument("--skip-ingest", action="store_true")
+    ap.add_argument("--floor-sizes", type=int, nargs="*", default=[100_000],
+                    help="sizes of the in-process client floor runs (none: skip them)")
     ap.add_argument("--ours-env", nargs="*", default=[], metavar="KEY=VALUE",
                     help="environment for our relay, e.g. RELAY_NEGENTROPY__FRAME_SIZE_LIMIT=60000")
     ap.add_argument("--report", type=Path, help="reprint the tables of a saved run")
@@ -422,7 +465,7 @@ def main() -> None:
     NEG.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     results = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "frame": args.frame,
-               "args": vars(args) | {"report": None}, "stores": {}, "runs": [], "ingest": [],
+               "args": vars(args) | {"report": None}, "stores": {}, "runs": [], "floor": [], "ingest": [],
                "uptime_start": load_avg()}
     path = common.RESULTS / f"negentropy-{stamp}.json"
 
@@ -435,6 +478,8 @@ def main() -> None:
             run_localrelay(args, results)
             save()
         run_sizes(args, results)
+        save()
+        run_floor(args, results)
         save()
         if not args.skip_ingest:
             run_ingest(args, results)
