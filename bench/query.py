@@ -83,8 +83,11 @@ def expected(store: list[dict], f: dict) -> list[str]:
     return [e["id"] for e in m]
 
 
-def pick_targets(store: list[dict], seed: int = 7) -> dict:
+def pick_targets(store: list[dict], seed: int = 7, later: list[dict] = ()) -> dict:
+    """Targets of the queries in `store`; the thread root is one that no event of `later` (published
+    after the store is loaded) refers to, so that its thread query returns the same events throughout."""
     rng = random.Random(seed)
+    grown = {t[1] for e in later for t in e["tags"] if len(t) >= 2 and t[0] == "e"}
     by_author: dict[str, int] = {}
     e_refs: dict[str, int] = {}
     p_refs: dict[str, int] = {}
@@ -97,7 +100,7 @@ def pick_targets(store: list[dict], seed: int = 7) -> dict:
                 elif len(t) >= 2 and t[0] == "p":
                     p_refs[t[1]] = p_refs.get(t[1], 0) + 1
     author = max(by_author, key=by_author.get)
-    root = max(e_refs, key=e_refs.get)
+    root = max((r for r in e_refs if r not in grown), key=e_refs.get)
     ptag = max(p_refs, key=p_refs.get)
     since = sorted(e["created_at"] for e in store)[-2000]
     regular_ids = [e["id"] for e in store if not is_replaceable(e["kind"])]
@@ -211,6 +214,8 @@ async def bench_queries(url: str, targets: dict, store: list[dict] | None, reps:
                 res["capped"] = True
                 break
         await ws.close(1.0)
+        if verb == "REQ":
+            res["returned_last"] = len(q.ids)  # events in the last answer: what each rep's latency covers
         lats.sort()
         res["reps"] = len(lats)
         if lats:

@@ -226,6 +226,17 @@ async def test_every_live_event_is_stored_byte_identical(real, real_store):
         assert raw == canonical(event) == line, event_id
 
 
+@pytest.mark.parametrize("obj", [{}, {"kinds": [1]}, {"kinds": [1], "limit": 37}, {"limit": 1}])
+async def test_query_answers_newest_first_ties_by_lowest_id_within_the_limit(real, real_store, obj):
+    """NIP-01 order of stored results: created_at descending, the lowest id first on a tie, `limit` newest."""
+    events = [orjson.loads(raw) for raw in (await stored_raw(real_store)).values()]
+    matching = [e for e in events if "kinds" not in obj or e["kind"] in obj["kinds"]]
+    expected = [e["id"] for e in sorted(matching, key=lambda e: (-e["created_at"], e["id"]))][:obj.get("limit", BIG)]
+    ties = Counter(e["created_at"] for e in matching)
+    assert max(ties.values()) > 1, "the data must hold ties on created_at, or the tie order is untested"
+    assert [orjson.loads(raw)["id"] for raw in await query(real_store, obj)] == expected
+
+
 def test_tag_index_holds_exactly_the_single_letter_tags_of_live_events(real, imported):
     """After the import, the tag index rows are exactly (letter, first value, created_at, id) of every live event's tags."""
     events, _ = real
