@@ -15,6 +15,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
+from urllib.parse import urlsplit
 
 import structlog
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -39,8 +40,9 @@ from relay.store.writes import Changes
 log = structlog.get_logger(__name__)
 
 _SWITCH_INTERVAL_SECONDS = 0.0005
+# GET only: websockets answers any other method 405 itself, and a NIP-11 fetch needs no preflight
 _CORS = [("Access-Control-Allow-Origin", "*"), ("Access-Control-Allow-Headers", "*"),
-         ("Access-Control-Allow-Methods", "GET, OPTIONS")]
+         ("Access-Control-Allow-Methods", "GET")]
 
 
 class Relay:
@@ -200,9 +202,10 @@ class Relay:
     async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         if len(request.headers.get_all("Host")) > 1:  # RFC 9112: a request with several Host fields is invalid
             return _response(HTTPStatus.BAD_REQUEST, b"several Host headers\n", "text/plain")
-        if request.path == "/health":
+        path = urlsplit(request.path).path  # "/metrics?x=1" is /metrics
+        if path == "/health":
             return _response(HTTPStatus.OK, b"ok\n", "text/plain")
-        if request.path == "/metrics":
+        if path == "/metrics":
             return _response(HTTPStatus.OK, await self.metrics.render(), CONTENT_TYPE)
         if "application/nostr+json" in request.headers.get("Accept", ""):
             return _response(HTTPStatus.OK, nip11.document(self.config), "application/nostr+json")

@@ -38,11 +38,12 @@ def parse_sync_filter(filter_json: str) -> dict:
 
 
 async def sync_once(config: Config, url: str, filter_obj: dict, options: SyncOptions,
-                    progress=None) -> SyncReport:
+                    progress=None, report: SyncReport | None = None) -> SyncReport:
     """Reconcile the local store with the peer at `url` once: fetch and/or push per `options.direction`.
 
     Opens the store of `config`, takes the peer's lease (as configured peers
-    do), records the outcome in `sync_peers`, and closes everything.
+    do), records the outcome in `sync_peers`, and closes everything.  The
+    counts go to `report` if given (it then holds what was done before a failure).
 
     Raises:
         PeerError: the peer lacks NIP-77, answered NOTICE, refused AUTH, timed out or went away.
@@ -55,7 +56,7 @@ async def sync_once(config: Config, url: str, filter_obj: dict, options: SyncOpt
     store = await Store.open(config.store.path, config.store.options(2, config.server.public_url), hooks(config))
     states = await PeerStates.open(config.store.path)
     pool = ThreadPoolExecutor(config.store.verify_threads, thread_name_prefix="sync-verify")
-    report = SyncReport()
+    report = SyncReport() if report is None else report
     try:
         async with states.hold(url, new_owner(), config.sync.lease_seconds):
             await states.record_attempt(url)
@@ -125,10 +126,12 @@ async def run_sync(config: Config, url: str, filter_json: str, direction: str, f
     url = url.rstrip("/") if url.count("/") <= 3 else url
     options = sync_options(config, direction, frame_size)
     display = _Display(err, direction)
+    report = SyncReport()
     try:
         with display.bar:
-            report = await sync_once(config, url, filter_obj, options, display)
+            await sync_once(config, url, filter_obj, options, display, report)
     except (PeerError, LeaseBusy, LeaseLost, NodeKeyError) as exc:
+        print_report(url, direction, report)  # what was done before the failure
         print(f"relay sync: {exc}", file=sys.stderr)
         return EXIT_FAILED
     print_report(url, direction, report)

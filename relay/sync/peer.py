@@ -38,6 +38,15 @@ from relay.sync.keys import NodeKey, encode_auth
 log = structlog.get_logger(__name__)
 
 AUTH_REQUIRED = "auth-required:"
+RATE_LIMITED = "rate-limited:"
+# A refusal with "rate-limited:" is retried after a pause that doubles up to 2 s; the request
+# fails after this many pauses in a row that settled nothing (about a minute in all).
+RATE_LIMIT_PAUSES = 30
+
+
+def _rate_limit_pause(pauses: int) -> float:
+    """Seconds to wait after the `pauses`-th fruitless "rate-limited:" answer in a row (from 0)."""
+    return min(2.0, 0.25 * 2 ** pauses)
 
 
 class PeerError(Exception):
@@ -307,14 +316,16 @@ class PeerConnection:
     async def publish_many(self, events: list[tuple[str, bytes]]) -> list[tuple[bool, str]]:
         """Send `["EVENT", raw]` for each (id, raw JSON) in one write and wait for every OK: (accepted, message) each.
 
-        Events refused with "auth-required:" are sent once more after our AUTH is accepted.
+        Events refused with "auth-required:" are sent once more after our AUTH is accepted; events
+        refused with "rate-limited:" are sent again after a pause (`RATE_LIMIT_PAUSES`), and their
+        last answer is returned.
 
         Raises:
             PeerError: no OK for `reply_timeout_seconds` since the last one, lost connection, NOTICE, refused AUTH.
         """
         outcomes: dict[str, tuple[bool, str]] = {}
-        todo = events
-        for attempt in range(2 if events else 0):
+        todo, authenticated, pauses = events, False, 0
+        while todo:
             done = self._loop.create_future()
             left = len(todo)
             last = self._loop.time()
@@ -340,20 +351,30 @@ class PeerConnection:
                         if not waiters:
                             del self._oks[event_id]
             refused = [(i, raw) for i, raw in todo if not outcomes[i][0] and outcomes[i][1].startswith(AUTH_REQUIRED)]
-            if not refused or attempt:
-                break
-            await self._await_auth(outcomes[refused[0][0]][1], "EVENT")
-            todo = refused
+            limited = [(i, raw) for i, raw in todo if not outcomes[i][0] and outcomes[i][1].startswith(RATE_LIMITED)]
+            retry = []
+            if refused and not authenticated:
+                authenticated = True
+                await self._await_auth(outcomes[refused[0][0]][1], "EVENT")
+                retry += refused
+            if limited and pauses < RATE_LIMIT_PAUSES:
+                # a pause counts against the cap only if nothing of this round was settled
+                pauses = pauses + 1 if len(limited) == len(todo) else 0
+                await asyncio.sleep(_rate_limit_pause(pauses))
+                retry += limited
+            todo = [item for item in todo if item in retry]
         return [outcomes[i] for i, _ in events]
 
     async def fetch(self, ids: list[str]) -> list[object]:
         """Ask for events by id with one REQ (`limit` = len(ids)); return what came before EOSE, unvalidated.
 
         Raises:
-            PeerError: CLOSED (other than a satisfied auth-required), timeout, lost connection, NOTICE.
+            PeerError: CLOSED (other than a satisfied auth-required, or a rate-limited: that passed
+                within `RATE_LIMIT_PAUSES`), timeout, lost connection, NOTICE.
         """
         filter_obj = {"ids": ids, "limit": len(ids)}
-        for attempt in range(2):
+        authenticated, pauses = False, 0
+        while True:
             sub_id = f"fetch-{next(self._ids)}"
             sub = _Subscription(filter_obj, self._loop.create_future(), None)
             self._subs[sub_id] = sub
@@ -363,14 +384,19 @@ class PeerConnection:
                 try:
                     return await self._wait(sub.done, f"REQ of {len(ids)} ids", lambda: sub.last)
                 except _Closed as closed:
-                    if attempt or not closed.message.startswith(AUTH_REQUIRED):
-                        raise PeerError(f"{self.url} refused REQ by ids: CLOSED {closed.message!r}") from None
-                    await self._await_auth(closed.message, "REQ")
+                    reason = closed.message
+                    if reason.startswith(AUTH_REQUIRED) and not authenticated:
+                        authenticated = True
+                        await self._await_auth(reason, "REQ")
+                    elif reason.startswith(RATE_LIMITED) and pauses < RATE_LIMIT_PAUSES:
+                        await asyncio.sleep(_rate_limit_pause(pauses))
+                        pauses += 1
+                    else:
+                        raise PeerError(f"{self.url} refused REQ by ids: CLOSED {reason!r}") from None
             finally:
                 self._subs.pop(sub_id, None)
                 if not self._failed.done():
                     await self._send_quietly(orjson.dumps(["CLOSE", sub_id]))
-        raise AssertionError("unreachable")
 
     async def subscribe(self, filter_obj: dict, on_event: Callable[[object], None]) -> str:
         """Open a live REQ with `filter_obj`; `on_event(obj)` gets every event (unvalidated). Returns the sub_id.

@@ -19,6 +19,7 @@ import time
 import nostr_sdk as sdk
 import pytest
 
+from relay.server.app import Relay
 from relay.sync.command import sync_once
 from relay.sync.peer import PeerError
 from relay.sync.scheduler import sync_options
@@ -148,6 +149,32 @@ async def test_ids_reported_twice_are_fetched_and_pushed_once(tmp_path, alice):
 # --- our own relay as the peer ---------------------------------------------------------------------------
 
 
+async def test_sync_waits_out_the_peer_rate_limits(tmp_path, alice):
+    """A peer on strict rate limits answers part of our REQs and EVENTs with "rate-limited:": the client
+    pauses and sends them again, and converges with no error (a default public relay limits us this way)."""
+    limits = {"exempt": [], "reqs_per_second": 10, "reqs_burst": 1, "events_per_second": 500, "events_burst": 5}
+    peer_config = local_config(tmp_path, "peer", rate_limits=limits)
+    remote_only, local_only, common = split_sets(alice, 120)
+    await seed(peer_config, remote_only + common)
+    config = local_config(tmp_path, sync={"fetch_batch": 20, "fetch_in_flight": 4, "push_in_flight": 100})
+    await seed(config, local_only + common)
+    peer = Relay(peer_config)
+    await peer.start()
+    try:
+        # 4 REQs at once against a bucket of 1, then 25 EVENTs in one write against a bucket of 5
+        report = await sync_once(config, peer.url, {}, sync_options(config, "both"))
+        refused_events = peer.metrics.registry.get_sample_value("relay_events_refused_total",
+                                                                 {"reason": "rate-limited"})
+    finally:
+        await peer.stop()
+    assert (report.need, report.have, report.fetched, report.pushed) == (120, 120, 120, 120)
+    assert not report.errors and not report.settled
+    assert refused_events > 0
+    everything = {e["id"] for e in remote_only + local_only + common}
+    assert set(stored(config)) == everything == set(stored(peer_config))
+
+
+
 async def test_sync_converges_with_our_relay(tmp_path, relay, alice, bob):
     """Against a second instance of our relay: both ways, several rounds, then nothing left to do."""
     assert await speaks_nip77(relay.url)
@@ -198,12 +225,14 @@ async def test_peer_without_nip77_fails_with_a_clear_message(tmp_path, alice, mo
 
 
 async def test_cli_exits_nonzero_when_peer_answers_notice(tmp_path, alice):
-    """`relay sync` against a relay that answers NOTICE: exit 1, the reason on stderr, no summary."""
+    """`relay sync` against a relay that answers NOTICE: exit 1, the reason on stderr, the summary of what
+    was done before the failure (here nothing) on stdout."""
     config = local_config(tmp_path)
     async with ScriptedRelay(mode="notice") as peer:
         code, out, err = await relay_cli("sync", peer.url, "--db", config.store.path)
     assert code == 1
-    assert out == ""
+    [summary] = out.splitlines()
+    assert summary.startswith(f"sync {peer.url} (both): have 0, need 0, fetched 0, pushed 0, settled 0, errors 0 (0 ")
     assert f"relay sync: {peer.url} does not support NIP-77 negentropy" in err
 
 
