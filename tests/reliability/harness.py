@@ -134,7 +134,13 @@ class Workload:
             event = self._deletion(keys, [["a", f"{kind}:{keys.pubkey}:{d}"]])
         else:
             event = self._fresh(keys, rng.random())
-        self.sent[event["id"]] = event
+        return self.record(event)
+
+    def record(self, event: dict) -> dict:
+        """Note `event` as sent and pending; returns what to send.  An event identical to one made before
+        (same id: same author, kind, created_at, tags, content) keeps its first signature, since BIP-340
+        signatures are randomized: the relay serves the copy it stored first."""
+        event = self.sent.setdefault(event["id"], event)
         self.pending[event["id"]] = event
         self.kinds[event["kind"]] += 1
         return event

@@ -39,3 +39,15 @@ async def test_the_check_finds_a_lost_and_a_phantom_event(relay, client):
     assert len(failures) == 2, failures
     assert failures[0].startswith(f"served 1 events never sent as such, e.g. ['{phantom['id']}']")
     assert failures[1].startswith(f"lost 1 acknowledged events, e.g. [('{lost['id']}', 1)]")
+
+
+def test_an_identical_event_signed_again_is_sent_with_its_first_signature():
+    """Regression (seed 819098967): two "not json" kind-0 events of one author at one created_at have one id and
+    two signatures; the second must not replace the first in `sent`, or the stored first copy looks phantom."""
+    workload = Workload(1, real=[])
+    keys = workload.keys[0]
+    first, again = (keys.sign(0, "not json", [], workload.base) for _ in range(2))
+    assert first["id"] == again["id"] and first["sig"] != again["sig"]
+    assert workload.record(first) is first
+    assert workload.record(again) is first
+    assert workload.sent[first["id"]]["sig"] == first["sig"]
