@@ -350,19 +350,19 @@ class PeerConnection:
                         waiters.remove(on_ok)
                         if not waiters:
                             del self._oks[event_id]
-            refused = [(i, raw) for i, raw in todo if not outcomes[i][0] and outcomes[i][1].startswith(AUTH_REQUIRED)]
-            limited = [(i, raw) for i, raw in todo if not outcomes[i][0] and outcomes[i][1].startswith(RATE_LIMITED)]
-            retry = []
+            refused = [i for i, _ in todo if not outcomes[i][0] and outcomes[i][1].startswith(AUTH_REQUIRED)]
+            limited = [i for i, _ in todo if not outcomes[i][0] and outcomes[i][1].startswith(RATE_LIMITED)]
+            retry: set[str] = set()
             if refused and not authenticated:
                 authenticated = True
-                await self._await_auth(outcomes[refused[0][0]][1], "EVENT")
-                retry += refused
+                await self._await_auth(outcomes[refused[0]][1], "EVENT")
+                retry.update(refused)
             if limited and pauses < RATE_LIMIT_PAUSES:
                 # a pause counts against the cap only if nothing of this round was settled
                 pauses = pauses + 1 if len(limited) == len(todo) else 0
                 await asyncio.sleep(_rate_limit_pause(pauses))
-                retry += limited
-            todo = [item for item in todo if item in retry]
+                retry.update(limited)
+            todo = [item for item in todo if item[0] in retry]
         return [outcomes[i] for i, _ in events]
 
     async def fetch(self, ids: list[str]) -> list[object]:
