@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -154,6 +154,24 @@ class SyncConfig:
     peers: tuple[PeerConfig, ...] = ()
 
 
+def _tables(value: Any, section: str, keys: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
+    """The tables of the `[[section]]` array as (`section[i]`, table), each holding only `keys`.
+
+    Raises:
+        ConfigError: `value` is not an array of tables, or a table has another key.
+    """
+    if type(value) is not list:
+        raise ConfigError(f"{section}: must be an array of tables ([[{section}]])")
+    for i, table in enumerate(value):
+        name = f"{section}[{i}]"
+        if type(table) is not dict:
+            raise ConfigError(f"{name}: must be a table")
+        for key in table:
+            if key not in keys:
+                raise ConfigError(f"{name}.{key}: unknown key")
+        yield name, table
+
+
 def _parse_peers(value: Any) -> tuple[PeerConfig, ...]:
     """`[[sync.peers]]` tables into PeerConfigs; raises ConfigError naming `sync.peers[i].<key>`."""
     import json
@@ -162,16 +180,8 @@ def _parse_peers(value: Any) -> tuple[PeerConfig, ...]:
     from relay.protocol.filters import parse_filter
     from relay.protocol.rejection import Rejection
 
-    if type(value) is not list:
-        raise ConfigError("sync.peers: must be an array of tables ([[sync.peers]])")
     peers, urls = [], set()
-    for i, table in enumerate(value):
-        name = f"sync.peers[{i}]"
-        if type(table) is not dict:
-            raise ConfigError(f"{name}: must be a table")
-        for key in table:
-            if key not in ("url", "direction", "filter", "pubkey"):
-                raise ConfigError(f"{name}.{key}: unknown key")
+    for name, table in _tables(value, "sync.peers", ("url", "direction", "filter", "pubkey")):
         url = table.get("url")
         if type(url) is not str or not url.startswith(("ws://", "wss://")):
             raise ConfigError(f"{name}.url: must be a ws:// or wss:// URL, got {url!r}")
@@ -273,6 +283,11 @@ class AuthConfig:
     deny_kinds: tuple[int, ...] = ()
     private_kinds: tuple[int, ...] = (4, 1059)
 
+    @property
+    def restricts_writes(self) -> bool:
+        """True when not everyone may publish every kind (NIP-11 `restricted_writes`)."""
+        return self.write != "all" or bool(self.allow_kinds or self.deny_kinds)
+
 
 @dataclass(frozen=True)
 class RateLimitConfig:
@@ -350,16 +365,8 @@ def _parse_retention_rules(value: Any) -> tuple[RetentionRule, ...]:
     """`[[retention.rules]]` tables into RetentionRules; raises ConfigError naming `retention.rules[i].<key>`."""
     from relay.protocol.event import MAX_KIND
 
-    if type(value) is not list:
-        raise ConfigError("retention.rules: must be an array of tables ([[retention.rules]])")
     rules = []
-    for i, table in enumerate(value):
-        name = f"retention.rules[{i}]"
-        if type(table) is not dict:
-            raise ConfigError(f"{name}: must be a table")
-        for key in table:
-            if key not in ("kinds", "max_age_days"):
-                raise ConfigError(f"{name}.{key}: unknown key")
+    for name, table in _tables(value, "retention.rules", ("kinds", "max_age_days")):
         age = table.get("max_age_days")
         if type(age) not in (int, float) or not age > 0:
             raise ConfigError(f"{name}.max_age_days: must be a number of days > 0, got {age!r}")

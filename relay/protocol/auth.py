@@ -59,7 +59,8 @@ def check_auth_event(obj: object, challenge: str, relay_url: str, now: float, ma
     if event.tag_values("challenge")[:1] != [challenge]:
         raise invalid("AUTH event does not answer this connection's challenge")
     named = event.tag_values("relay")[:1]
-    if not named or relay_url_key(named[0]) is None or relay_url_key(named[0]) != relay_url_key(relay_url):
+    named_key = relay_url_key(named[0]) if named else None
+    if named_key is None or named_key != relay_url_key(relay_url):
         raise invalid(f"AUTH event relay tag does not name this relay ({relay_url})")
     if not verify_signature(event):
         raise invalid("bad signature")

@@ -27,19 +27,19 @@ def names_relay(event: Event, relay_urls: frozenset[tuple]) -> bool:
                for value in event.tag_values("relay"))
 
 
-def covered(kind: int, pubkey_hex: str, created_at: int, p_tags: list[str], vanished: dict[str, int]) -> bool:
-    """True when an event is within a request to vanish: `vanished` maps a hex pubkey to the newest
+def covered(event: Event, vanished: dict[str, int]) -> bool:
+    """True when `event` is within a request to vanish: `vanished` maps a hex pubkey to the newest
     `created_at` it asked to vanish up to.
 
     Covered: an event of that author with created_at <= it, or a gift wrap (kind 1059) p-tagging that
     author with created_at <= it.  Requests to vanish themselves are never covered (they are kept
     for bookkeeping and propagate by sync; NIP-62).
     """
-    if kind == VANISH_KIND:
+    if event.kind == VANISH_KIND:
         return False
-    until = vanished.get(pubkey_hex)
-    if until is not None and created_at <= until:
+    until = vanished.get(event.pubkey)
+    if until is not None and event.created_at <= until:
         return True
-    if kind == GIFT_WRAP_KIND:
-        return any(created_at <= vanished.get(p, -1) for p in p_tags)
+    if event.kind == GIFT_WRAP_KIND:  # only here are the p tags read
+        return any(event.created_at <= vanished.get(p, -1) for p in event.tag_values("p"))
     return False

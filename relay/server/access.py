@@ -35,7 +35,6 @@ class AccessPolicy:
         for peer in peers:
             if peer.pubkey:
                 self.peer_urls.setdefault(peer.pubkey, peer.url)  # one node at two URLs: the first is its origin
-        self.checks_writes = config.write != "all" or bool(config.allow_kinds or config.deny_kinds)
 
     def check_write(self, event: Event, pubkeys: set[str]) -> None:
         """Refuse `event` unless `[auth]` lets a connection authenticated as `pubkeys` publish it.
@@ -73,7 +72,11 @@ class ConnectionAccess:
         self.pubkeys: set[str] = set()
         self.origin = ""
         self.private = PrivateKinds(policy.private_kinds) if policy.private_kinds else None
-        self.checks_writes = policy.checks_writes
+
+    @property
+    def checks_writes(self) -> bool:
+        """Whether this connection's EVENTs go through `check_write`: not for a peer (its node key)."""
+        return self.policy.config.restricts_writes and not self.origin
 
     def authenticate(self, obj: object, limits: EventLimits, now: float) -> str:
         """Check a client's AUTH event (NIP-42) and add its pubkey to this connection's; returns the pubkey.
@@ -88,7 +91,6 @@ class ConnectionAccess:
         if peer_url and not self.origin:
             self.origin = peer_url
             self.private = None
-            self.checks_writes = False
         elif self.private is not None:
             self.private = PrivateKinds(self.private.kinds, frozenset(self.pubkeys))
         return pubkey

@@ -163,13 +163,10 @@ class Relay:
     def _fanout(self, events: list[Event]) -> None:
         private_kinds = self.access.private_kinds
         for event in events:
-            if event.kind in private_kinds:  # NIP-42: only to their authenticated author or recipient
-                for sub in self.subscriptions.match(event):
-                    if sub.connection.access.may_read(event):
-                        sub.deliver(event)
-                continue
+            private = event.kind in private_kinds  # NIP-42: only to their authenticated author or recipient
             for sub in self.subscriptions.match(event):
-                sub.deliver(event)
+                if not private or sub.connection.access.may_read(event):
+                    sub.deliver(event)
 
     def slow_reader_dropped(self) -> None:
         """Count one reader disconnected for not keeping up with live events."""

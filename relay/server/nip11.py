@@ -39,7 +39,7 @@ def document(config: Config) -> bytes:
             "created_at_upper_limit": limits.max_created_at_future_seconds,
             "auth_required": auth.write == "authenticated",  # NIP-42 AUTH needed before publishing
             "payment_required": False,
-            "restricted_writes": auth.write != "all" or bool(auth.allow_kinds or auth.deny_kinds),
+            "restricted_writes": auth.restricts_writes,
         },
     }
     if info.pubkey:

@@ -136,9 +136,7 @@ class RateLimits:
         """The connection holding `rate` is gone (or no longer limited); None does nothing."""
         if rate is None:
             return
-        state = self._ips.get(rate.ip)
-        if state is None:
-            return
+        state = rate._shared
         state.connections -= 1
         if state.connections <= 0:
             del self._ips[rate.ip]

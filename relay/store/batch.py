@@ -128,8 +128,7 @@ class BatchPlan:
     def _settle(self, event: Event, origin: str) -> tuple[bool, str]:
         idb, pk = bytes.fromhex(event.id), bytes.fromhex(event.pubkey)
         # Before the duplicate check: a request earlier in this batch deletes stored events only at write time.
-        if self.state.vanished and covered(event.kind, event.pubkey, event.created_at, event.tag_values("p"),
-                                           self.state.vanished):
+        if self.state.vanished and covered(event, self.state.vanished):
             return VANISHED
         if idb in self.state.existing or idb in self.inserts:
             return DUPLICATE
@@ -230,5 +229,5 @@ class BatchPlan:
         self.state.vanished[request.pubkey] = until
         self.vanish_requests.append((pk, until, idb))
         for row in list(self.inserts.values()):
-            if covered(row.kind, row.pubkey.hex(), row.created_at, row.event.tag_values("p"), self.state.vanished):
+            if covered(row.event, self.state.vanished):
                 self._drop_insert(row)
