@@ -18,6 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from relay.protocol.auth import relay_url_key
 from relay.protocol.event import EventLimits
 from relay.store.projectors.builtin import builtin_projectors  # [[projectors]]
 from relay.store.projectors.spec import ProjectorSpec, SpecError, parse_specs  # [[projectors]]
@@ -96,8 +97,6 @@ class StoreConfig:
     def options(self, read_connections: int | None = None, relay_url: str = "") -> StoreOptions:
         """The Store's options; `read_connections` overrides the pool size (offline commands need one);
         `relay_url` is `[server] public_url` (NIP-62 requests naming it are honoured)."""
-        from relay.protocol.auth import relay_url_key
-
         return StoreOptions(
             synchronous=self.synchronous, read_connections=read_connections or self.read_connections,
             writer_queue_size=self.writer_queue_size, max_batch=self.max_batch,
@@ -234,16 +233,12 @@ class NegentropyConfig:
     filters: tuple[dict, ...] = ()
     protected_filters: tuple[dict, ...] = ()  # indexed like `filters`, and never evicted by [retention]
 
-    def indexed_filters(self) -> tuple[dict, ...]:
-        """`filters` then the `protected_filters` not among them: every filter the index keeps."""
-        return self.filters + tuple(f for f in self.protected_filters if f not in self.filters)
-
 
 NEG_ENVELOPE_BYTES = 512
 """Room for `["NEG-MSG","<subscription id, JSON-escaped>",""]` around a hex frame, in bytes."""
 
 
-def _parse_negentropy_filters(value: Any, setting: str = "filters") -> tuple[dict, ...]:
+def _parse_negentropy_filters(value: Any, setting: str) -> tuple[dict, ...]:
     """`[negentropy] filters` or `protected_filters` (arrays of filter tables) checked with parse_filter;
     raises ConfigError."""
     from relay.protocol.filters import parse_filter
@@ -429,11 +424,8 @@ def _section_types(section: str) -> dict[str, type]:
 def _check_value(section: str, key: str, value: Any) -> Any:
     if (section, key) == ("sync", "peers"):
         return _parse_peers(value)
-    if (section, key) == ("negentropy", "filters"):
-        return _parse_negentropy_filters(value)
     if (section, key) in _LISTS:
         return _parse_list(f"{section}.{key}", value, _LISTS[section, key])
-
     if (section, key) in (("negentropy", "filters"), ("negentropy", "protected_filters")):
         return _parse_negentropy_filters(value, key)
     if (section, key) == ("retention", "rules"):
@@ -560,7 +552,7 @@ def _check_consistency(config: Config) -> None:
     if limits.max_message_bytes < 1024:
         raise ConfigError("limits.max_message_bytes: must be at least 1024")
     url = config.server.public_url
-    if url and not url.startswith(("ws://", "wss://")):
+    if url and (not url.startswith(("ws://", "wss://")) or relay_url_key(url) is None):
         raise ConfigError(f"server.public_url: must be a ws:// or wss:// URL, got {url!r}")
     if config.sync.backoff_initial_seconds > config.sync.backoff_max_seconds:
         raise ConfigError("sync.backoff_initial_seconds: must not exceed sync.backoff_max_seconds")

@@ -34,5 +34,7 @@ def negentropy_hook(config: Config) -> TransactionHook:
 
     if not config.negentropy.enabled:
         return DropNegentropyIndex()
-    return NegentropyIndex((parse_filter(f) for f in config.negentropy.indexed_filters()),
+    # a protected filter that is also in `filters` is indexed once (the index keys filters by their spec)
+    negentropy = config.negentropy
+    return NegentropyIndex((parse_filter(f) for f in negentropy.filters + negentropy.protected_filters),
                            private_kinds=config.auth.private_kinds)

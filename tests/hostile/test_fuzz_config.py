@@ -145,6 +145,7 @@ _PROJECTOR = '[[projectors]]\ntable = "notes"\nkind = 1\nfields = [{ name = "id"
     ('[[sync.peers]]\nurl = "ws://a"\nfilter = {note = 1979-05-27}', {}, "sync.peers[0].filter"),
     ('[[sync.peers]]\nurl = "ws://a"\nfilter = "' + "[" * 100_000 + '"', {}, "sync.peers[0].filter"),
     ("", {"RELAY_SERVER__PORT": "٣"}, "server.port"),
+    ("", {"RELAY_SERVER__PUBLIC_URL": "ws://"}, "server.public_url"),  # no host: would match any unparsable tag
     (_PROJECTOR.replace('["id"]', "[[]]"), {}, "projectors: projector 'notes'"),
     (_PROJECTOR + 'indexes = [["id", []]]\n', {}, "projectors: projector 'notes'"),
     (_PROJECTOR + "revision = " + str(2**70) + "\n", {}, "projectors: projector 'notes'"),
@@ -153,7 +154,7 @@ _PROJECTOR = '[[projectors]]\ntable = "notes"\nkind = 1\nfields = [{ name = "id"
 ])
 def test_bad_values_found_by_fuzzing_name_their_key(tmp_path, text, env, key):
     """Refused with ConfigError: NaN or infinite seconds, an integer past double range, a datetime or a 100,000-deep
-    JSON filter, non-ASCII digits, a projector key or index naming a list, a revision or default past 64 bits."""
+    JSON filter, non-ASCII digits, a public URL without a host, a projector key or index naming a list, a revision or default past 64 bits."""
     path = tmp_path / "relay.toml"
     path.write_text(text, encoding="utf-8")
     with pytest.raises(ConfigError, match=re.escape(key)):
