@@ -614,20 +614,11 @@ def running_id_sums(ids: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- wire format
 
 
-class _Reader:
-    """Cursor over an incoming message; every failure is a NegentropyError."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = bytes(data)
-        self.pos = 0
-        self.last_timestamp = 0
-
-    def take(self, n: int) -> bytes:
-        if len(self.data) - self.pos < n:
-            raise NegentropyError("parse ends prematurely")
-        chunk = self.data[self.pos : self.pos + n]
-        self.pos += n
-        return chunk
+def _version(msg: bytes) -> int:
+    """The version byte that starts every message; NegentropyError for an empty one."""
+    if not msg:
+        raise NegentropyError("parse ends prematurely")
+    return msg[0]
 
 
 class _Encoder:
@@ -657,11 +648,10 @@ def decode_message(msg: bytes) -> tuple[int, list[Range]]:
     Only version 0x61 bodies are parsed; for any other version byte the
     range list is empty.  Raises NegentropyError if the message is malformed.
     """
-    reader = _Reader(msg)
-    version = reader.take(1)[0]
+    version = _version(msg)
     if version != PROTOCOL_VERSION:
         return version, []
-    parsed = _parse_ranges(reader)
+    parsed = _parse_ranges(bytes(msg))
     if parsed.error is not None:
         raise parsed.error
     return version, [Range(Bound(*bound), Mode(mode), payload)
@@ -677,8 +667,9 @@ class _Parsed(NamedTuple):
     error: NegentropyError | None
 
 
-def _parse_ranges(reader: _Reader) -> _Parsed:
-    """The ranges up to the end of the message, or up to a malformed one: then also its error.
+def _parse_ranges(data: bytes) -> _Parsed:
+    """The ranges of the message `data` (its version byte first) up to its end, or up to a malformed
+    one: then also its error.
 
     A reconciler reports the error only if it gets that far: a frame that
     fills up first ends the reply without reading the rest, as the reference.
@@ -686,7 +677,7 @@ def _parse_ranges(reader: _Reader) -> _Parsed:
     two-byte varints are decoded inline, and the ranges come out as plain
     tuples in columns (a named tuple costs a call each).
     """
-    data, pos, last = reader.data, reader.pos, reader.last_timestamp
+    pos, last = 1, 0  # past the version byte; bounds are delta-coded from timestamp 0
     end = len(data)
     bounds: list[tuple[int, bytes]] = []
     modes: list[int] = []
@@ -827,15 +818,14 @@ class Negentropy:
         return (None if len(out) == 1 else out), have, need
 
     def _reconcile(self, msg: bytes, have: list[bytes], need: list[bytes]) -> bytes:
-        reader = _Reader(msg)
-        version = reader.take(1)[0]
+        version = _version(msg)
         if not 0x60 <= version <= 0x6F:
             raise NegentropyError(f"invalid negentropy protocol version byte 0x{version:02x}")
         if version != PROTOCOL_VERSION:
             if self.is_initiator:
                 raise NegentropyError(f"unsupported negentropy protocol version {version - 0x60}")
             return bytes([PROTOCOL_VERSION])
-        return _Round(self, reader, have, need).run()
+        return _Round(self, bytes(msg), have, need).run()
 
     def _exceeds_frame(self, size: int) -> bool:
         return bool(self.frame_size_limit) and size > self.frame_size_limit - _FRAME_MARGIN
@@ -936,10 +926,10 @@ class _Round:
     ones; then the reply is written range by range, as the reference does.
     """
 
-    def __init__(self, neg: Negentropy, reader: _Reader, have: list[bytes], need: list[bytes]) -> None:
+    def __init__(self, neg: Negentropy, msg: bytes, have: list[bytes], need: list[bytes]) -> None:
         self.neg = neg
         self.storage = neg.storage
-        self.reader = reader
+        self.msg = msg
         self.have = have
         self.need = need
         self.enc = _Encoder()
@@ -948,7 +938,7 @@ class _Round:
         self.skip = False
 
     def run(self) -> bytes:
-        bounds, modes, payloads, error = _parse_ranges(self.reader)
+        bounds, modes, payloads, error = _parse_ranges(self.msg)
         uppers = np.maximum.accumulate(self.storage.lower_bounds(bounds)).tolist() if bounds else []
         lowers = [0, *uppers[:-1]]
         mismatched = self._mismatched(modes, payloads, lowers, uppers)

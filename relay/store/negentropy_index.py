@@ -895,10 +895,14 @@ def indexed_items(conn: sqlite3.Connection, number: int) -> list[Key]:
     return [item for ts_blob, ids_blob in rows for item in _unpack(ts_blob, ids_blob)]
 
 
-def check_nodes(conn: sqlite3.Connection, number: int) -> list[str]:
-    """Every disagreement between filter `number`'s nodes and its items (empty when consistent)."""
+def check_nodes(conn: sqlite3.Connection, number: int, items: list[Key] | None = None) -> list[str]:
+    """Every disagreement between filter `number`'s nodes and its items (empty when consistent).
+
+    `items` are its `indexed_items` if the caller has read them already.
+    """
     problems = []
-    items = indexed_items(conn, number)
+    if items is None:
+        items = indexed_items(conn, number)
     if any(a >= b for a, b in zip(items, items[1:])):
         problems.append("bucket items out of order or repeated")
     for level in (1, 2):

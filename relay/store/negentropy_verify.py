@@ -52,12 +52,12 @@ def verify_index(conn: sqlite3.Connection, configured: list[str]) -> list[IndexC
             if spec not in stored or spec not in configured:
                 check.problem = "not built for this configuration: restart the relay"
                 continue
-            items = set(indexed_items(conn, stored[spec]))
-            expected = set(recompute(conn, spec))
+            listed = indexed_items(conn, stored[spec])
+            items, expected = set(listed), set(recompute(conn, spec))
             check.items = len(items)
             check.missing = len(expected - items)
             check.extra = len(items - expected)
-            check.nodes = check_nodes(conn, stored[spec])
+            check.nodes = check_nodes(conn, stored[spec], listed)
     finally:
         conn.execute("COMMIT")
     return checks

@@ -188,7 +188,7 @@ class Store:
             if not future.done():
                 future.set_exception(StoreFailed(failure)) if failure else future.set_result(result)
 
-        self._pending.append((lambda conn, hooks: job(conn, hooks, *args), done))
+        self._pending.append((lambda conn: job(conn, self.hooks, *args), done))
         self._wakeup.set()
         return await future
 
@@ -224,7 +224,7 @@ class Store:
                 self._loop.call_soon(done, *outcome)
             self._notify(changes)
         for job, done in jobs:
-            changes, result = await db.run(self._writer_conn, lambda conn: job(conn, self.hooks))
+            changes, result = await db.run(self._writer_conn, job)
             self._notify(changes)
             done(result, "")
 

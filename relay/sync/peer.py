@@ -44,9 +44,23 @@ RATE_LIMITED = "rate-limited:"
 RATE_LIMIT_PAUSES = 30
 
 
-def _rate_limit_pause(pauses: int) -> float:
-    """Seconds to wait after the `pauses`-th fruitless "rate-limited:" answer in a row (from 0)."""
-    return min(2.0, 0.25 * 2 ** pauses)
+class _RateLimitPauses:
+    """The pauses of one request after "rate-limited:" answers: 0.25 s doubling to 2 s, at most
+    `RATE_LIMIT_PAUSES` in a row that settled nothing."""
+
+    def __init__(self) -> None:
+        self.fruitless = 0
+
+    async def wait(self, progress: bool = False) -> bool:
+        """Pause before sending again (`progress`: the last round settled something); False, without
+        pausing, once the pauses are used up."""
+        if progress:
+            self.fruitless = 0
+        if self.fruitless >= RATE_LIMIT_PAUSES:
+            return False
+        await asyncio.sleep(min(2.0, 0.25 * 2 ** self.fruitless))
+        self.fruitless += 1
+        return True
 
 
 class PeerError(Exception):
@@ -324,7 +338,7 @@ class PeerConnection:
             PeerError: no OK for `reply_timeout_seconds` since the last one, lost connection, NOTICE, refused AUTH.
         """
         outcomes: dict[str, tuple[bool, str]] = {}
-        todo, authenticated, pauses = events, False, 0
+        todo, authenticated, pauses = events, False, _RateLimitPauses()
         while todo:
             done = self._loop.create_future()
             left = len(todo)
@@ -357,10 +371,7 @@ class PeerConnection:
                 authenticated = True
                 await self._await_auth(outcomes[refused[0]][1], "EVENT")
                 retry.update(refused)
-            if limited and pauses < RATE_LIMIT_PAUSES:
-                # a pause counts against the cap only if nothing of this round was settled
-                pauses = pauses + 1 if len(limited) == len(todo) else 0
-                await asyncio.sleep(_rate_limit_pause(pauses))
+            if limited and await pauses.wait(progress=len(limited) < len(todo)):
                 retry.update(limited)
             todo = [item for item in todo if item[0] in retry]
         return [outcomes[i] for i, _ in events]
@@ -373,7 +384,7 @@ class PeerConnection:
                 within `RATE_LIMIT_PAUSES`), timeout, lost connection, NOTICE.
         """
         filter_obj = {"ids": ids, "limit": len(ids)}
-        authenticated, pauses = False, 0
+        authenticated, pauses = False, _RateLimitPauses()
         while True:
             sub_id = f"fetch-{next(self._ids)}"
             sub = _Subscription(filter_obj, self._loop.create_future(), None)
@@ -388,10 +399,7 @@ class PeerConnection:
                     if reason.startswith(AUTH_REQUIRED) and not authenticated:
                         authenticated = True
                         await self._await_auth(reason, "REQ")
-                    elif reason.startswith(RATE_LIMITED) and pauses < RATE_LIMIT_PAUSES:
-                        await asyncio.sleep(_rate_limit_pause(pauses))
-                        pauses += 1
-                    else:
+                    elif not (reason.startswith(RATE_LIMITED) and await pauses.wait()):
                         raise PeerError(f"{self.url} refused REQ by ids: CLOSED {reason!r}") from None
             finally:
                 self._subs.pop(sub_id, None)
