@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +22,38 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
     env.update(extra)
     return env
+
+
+CLI_TIMEOUT = 60  # seconds for one `python -m relay` subcommand run by a test
+
+
+def free_port() -> int:
+    """A TCP port on loopback that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def relay_cli(*args, env: dict | None = None, cwd: Path | None = None, stdin: bytes | None = None):
+    """Run `python -m relay ARGS` to completion (bounded); returns the CompletedProcess (text output)."""
+    proc = subprocess.run([sys.executable, "-m", "relay", *map(str, args)], input=stdin, capture_output=True,
+                          env=env or clean_env(), cwd=cwd, timeout=CLI_TIMEOUT)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, proc.stdout.decode(), proc.stderr.decode())
+
+
+async def relay_cli_async(*args, env: dict | None = None) -> tuple[int, str, str]:
+    """`relay_cli` without blocking the event loop (for a relay served in this process): (exit code, stdout,
+    stderr); the process is killed past CLI_TIMEOUT.  `env` is added to `clean_env()`."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "relay", *map(str, args),
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                                env=clean_env(**(env or {})))
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), CLI_TIMEOUT)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    return proc.returncode, out.decode(), err.decode()
 
 
 def http_get(port: int, path: str = "/", headers: dict | None = None, timeout: float = 2.0):

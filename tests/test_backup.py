@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import sys
 from pathlib import Path
 
 import orjson
@@ -12,15 +11,7 @@ import orjson
 from relay.backup import run_backup
 from tests.conftest import make_config
 from tests.helpers import Client, Keys
-from tests.test_cli import clean_env
-
-
-async def _relay_cli(*args) -> tuple[int, str, str]:
-    """Run `python -m relay ARGS` without blocking the event loop: (exit code, stdout, stderr)."""
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "relay", *map(str, args), env=clean_env(),
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    return proc.returncode, out.decode(), err.decode()
+from tests.served import relay_cli_async
 
 
 async def _publish_forever(client: Client, keys: Keys, acked: set[str]) -> None:
@@ -50,7 +41,7 @@ async def test_backup_while_serving_is_consistent_and_holds_what_was_acknowledge
         before = set(acked)
         target = tmp_path / "backups" / "copy.db"
         target.parent.mkdir()
-        code, out, err = await _relay_cli("backup", "--db", relay.config.store.path, target)
+        code, out, err = await relay_cli_async("backup", "--db", relay.config.store.path, target)
         after = set(acked)
     finally:
         writer.cancel()

@@ -10,7 +10,6 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import time
 import tomllib
 from collections import Counter
@@ -22,30 +21,22 @@ from coincurve import PublicKeyXOnly
 from relay.config import Config, load_config
 from tests.helpers import REAL_EVENTS, Client, Keys, read_jsonl
 from tests.model import expected_live, first_tag
-from tests.served import Served, answers_health, clean_env, http_get
+from tests.served import (
+    Served,
+    answers_health,
+    clean_env,
+    free_port,
+    http_get,
+    relay_cli,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 REPO_CONFIG = REPO / "config" / "relay.toml"
-RUN_TIMEOUT = 60  # seconds for one offline subcommand
 REPORT = re.compile(r"^read (\d+): stored (\d+), duplicate (\d+), ephemeral \(not stored\) (\d+), rejected (\d+)$")
 REASON = re.compile(r"^  rejected (\d+): (.+)$")
 
 
 # --- helpers -------------------------------------------------------------------------------------------
-
-
-def relay_cli(*args, env: dict | None = None, cwd: Path | None = None, stdin: bytes | None = None):
-    """Run `python -m relay ARGS` to completion (bounded); returns the CompletedProcess (text output)."""
-    proc = subprocess.run([sys.executable, "-m", "relay", *map(str, args)], input=stdin, capture_output=True,
-                          env=env or clean_env(), cwd=cwd, timeout=RUN_TIMEOUT)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, proc.stdout.decode(), proc.stderr.decode())
-
-
-def free_port() -> int:
-    """A TCP port on loopback that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclasses.dataclass

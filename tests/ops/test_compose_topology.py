@@ -23,7 +23,7 @@ from pathlib import Path
 from relay.config import load_config
 from tests.helpers import Client, Keys
 from tests.ops.deployment import REPO, node_pubkey, read_compose, read_image
-from tests.test_cli import Served, free_port
+from tests.served import Served, free_port
 
 PROPAGATION_TIMEOUT = 20.0  # seconds for an event published on one node to be served by the other
 

@@ -18,7 +18,7 @@ import dockerfile
 
 from relay.config import load_config
 from tests.ops.deployment import COMPOSE_FILE, DOCKERFILE, REPO, read_compose, read_image, run_tool, tool
-from tests.test_cli import free_port
+from tests.served import free_port
 
 
 def hadolint(path) -> list[dict]:

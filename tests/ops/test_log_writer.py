@@ -8,8 +8,7 @@ import sys
 
 import websockets
 
-from tests.served import answers_health, clean_env
-from tests.test_cli import free_port
+from tests.served import answers_health, clean_env, free_port
 
 CONNECTIONS = 600  # two log lines each (opened, closed): well past a pipe's 64 KiB
 

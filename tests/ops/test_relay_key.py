@@ -10,7 +10,7 @@ import pytest
 import relay.cli
 from relay.protocol.event import is_hex64
 from tests.ops.deployment import node_pubkey
-from tests.test_cli import relay_cli
+from tests.served import relay_cli
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from relay.server.app import Relay
 from relay.sync.state import add_counts
 from tests.conftest import make_config
 from tests.helpers import Client
-from tests.test_cli import free_port
+from tests.served import free_port
 
 PEER = "ws://peer.example"  # a row in sync_peers that no configured peer writes
 

@@ -14,7 +14,7 @@ from websockets.exceptions import ConnectionClosed
 from relay.server.app import Relay
 from tests.conftest import make_config
 from tests.helpers import Client, Keys
-from tests.test_cli import Served, clean_env, free_port
+from tests.served import Served, clean_env, free_port
 
 PUBLISHERS = 3
 BURST = 500  # events per publisher

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import sqlite3
 import time
 from pathlib import Path
@@ -19,13 +18,7 @@ from relay.protocol.event import parse_event
 from relay.store.store import Store
 from tests.conftest import make_config
 from tests.helpers import Keys
-
-
-def free_port() -> int:
-    """A TCP port on loopback that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.served import free_port
 
 
 @pytest.fixture

@@ -17,8 +17,9 @@ from relay.server.app import Relay
 from relay.sync.keys import NodeKey
 from tests.conftest import make_config
 from tests.helpers import Client, Keys
+from tests.served import free_port
 from tests.server.test_auth import auth_event, closed_or_events, neg_need
-from tests.sync.conftest import free_port, stored
+from tests.sync.conftest import stored
 
 NOW = int(time.time())
 SYNC_TIMEOUT = 20.0  # seconds for an event to reach the other relay

@@ -22,7 +22,10 @@ from pathlib import Path
 import pytest
 
 from relay.config import load_config
+from relay.protocol.event import parse_event
+from relay.server.app import Relay
 from relay.store import db
+from relay.store.store import Store
 from relay.sync.state import (
     LeaseBusy,
     LeaseLost,
@@ -34,13 +37,11 @@ from relay.sync.state import (
     release_lease,
     renew_lease,
 )
-from relay.protocol.event import parse_event
-from relay.server.app import Relay
-from relay.store.store import Store
 from tests.conftest import make_config
 from tests.helpers import Client
+from tests.served import free_port
+from tests.sync.conftest import notes, publish, remote_ids, seed, speaks_nip77, stored
 from tests.sync.scripted import ScriptedRelay
-from tests.sync.conftest import free_port, notes, publish, remote_ids, seed, speaks_nip77, stored
 
 NOW = int(time.time())
 START_TIMEOUT = 15.0  # seconds for `relay serve` to answer /health

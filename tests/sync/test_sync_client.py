@@ -9,11 +9,8 @@ small scripted relays for the cases a real relay will not produce on demand
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import sqlite3
-import sys
 import time
 
 import nostr_sdk as sdk
@@ -26,26 +23,19 @@ from relay.sync.scheduler import sync_options
 from relay.sync.session import GONE_LOCALLY, MISSING, classify
 from relay.sync.state import read_states
 from tests.helpers import Keys
-from tests.sync.conftest import free_port, local_config, notes, publish, remote_ids, seed, speaks_nip77, stored
+from tests.served import free_port, relay_cli_async
+from tests.sync.conftest import (
+    local_config,
+    notes,
+    publish,
+    remote_ids,
+    seed,
+    speaks_nip77,
+    stored,
+)
 from tests.sync.scripted import ScriptedRelay
 
 NOW = int(time.time())
-CLI_TIMEOUT = 60  # seconds for one `relay sync` subprocess
-
-
-async def relay_cli(*args, env: dict | None = None) -> tuple[int, str, str]:
-    """Run `python -m relay ARGS` (bounded by CLI_TIMEOUT): (exit code, stdout, stderr)."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "relay", *map(str, args),
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                                                env={**base, **(env or {})})
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), CLI_TIMEOUT)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise
-    return proc.returncode, out.decode(), err.decode()
 
 
 def split_sets(keys: Keys, size: int = 400) -> tuple[list[dict], list[dict], list[dict]]:
@@ -104,7 +94,7 @@ async def test_sync_cli_with_filter_against_localrelay(tmp_path, local_relay, al
     config = local_config(tmp_path)
     await seed(config, local_notes + local_other)
 
-    code, out, err = await relay_cli("sync", url, "--db", config.store.path, "--filter", '{"kinds":[1]}',
+    code, out, err = await relay_cli_async("sync", url, "--db", config.store.path, "--filter", '{"kinds":[1]}',
                                      "--frame-size", 4096)
 
     assert code == 0, err
@@ -112,7 +102,7 @@ async def test_sync_cli_with_filter_against_localrelay(tmp_path, local_relay, al
                                           "settled 0, errors 0"), out
     assert set(stored(config)) == {e["id"] for e in remote_notes + local_notes + local_other}
     assert await remote_ids(url) == {e["id"] for e in remote_notes + remote_other + local_notes}
-    code, out, _ = await relay_cli("status", "--db", config.store.path, "--json")
+    code, out, _ = await relay_cli_async("status", "--db", config.store.path, "--json")
     assert code == 0
     status = json.loads(out)
     [peer] = status["peers"]
@@ -229,7 +219,7 @@ async def test_cli_exits_nonzero_when_peer_answers_notice(tmp_path, alice):
     was done before the failure (here nothing) on stdout."""
     config = local_config(tmp_path)
     async with ScriptedRelay(mode="notice") as peer:
-        code, out, err = await relay_cli("sync", peer.url, "--db", config.store.path)
+        code, out, err = await relay_cli_async("sync", peer.url, "--db", config.store.path)
     assert code == 1
     [summary] = out.splitlines()
     assert summary.startswith(f"sync {peer.url} (both): have 0, need 0, fetched 0, pushed 0, settled 0, errors 0 (0 ")
@@ -239,11 +229,11 @@ async def test_cli_exits_nonzero_when_peer_answers_notice(tmp_path, alice):
 async def test_cli_exits_nonzero_when_peer_is_unreachable(tmp_path):
     """Nothing listening: exit 1 with "cannot connect"; a bad URL or filter: exit 2."""
     config = local_config(tmp_path)
-    code, _, err = await relay_cli("sync", f"ws://127.0.0.1:{free_port()}", "--db", config.store.path)
+    code, _, err = await relay_cli_async("sync", f"ws://127.0.0.1:{free_port()}", "--db", config.store.path)
     assert code == 1 and "cannot connect to ws://127.0.0.1:" in err
-    code, _, err = await relay_cli("sync", "http://127.0.0.1:1", "--db", config.store.path)
+    code, _, err = await relay_cli_async("sync", "http://127.0.0.1:1", "--db", config.store.path)
     assert code == 2 and "not a ws:// or wss:// URL" in err
-    code, _, err = await relay_cli("sync", "ws://127.0.0.1:1", "--db", config.store.path, "--filter", '{"limit":5}')
+    code, _, err = await relay_cli_async("sync", "ws://127.0.0.1:1", "--db", config.store.path, "--filter", '{"limit":5}')
     assert code == 2 and "bad --filter: limit has no meaning for sync" in err
 
 
@@ -282,7 +272,7 @@ async def test_push_refusals_that_settle_are_not_errors(tmp_path, alice):
         assert (report.have, report.pushed, sum(report.settled.values()), report.errors) == (7, 2, 5, {})
         assert report.settled["duplicate: have a newer version"] == 1
         peer.received.clear()
-        code, out, err = await relay_cli("sync", peer.url, "--db", config.store.path, "--dir", "up")
+        code, out, err = await relay_cli_async("sync", peer.url, "--db", config.store.path, "--dir", "up")
         assert code == 0, err
         assert "pushed 2, settled 5, errors 0" in out
         assert "  settled 1: replaced: have newer event" in out.splitlines()
@@ -295,7 +285,7 @@ async def test_push_refusal_that_is_an_error_fails_the_cli(tmp_path, alice):
     events = notes(alice, 3, NOW - 70)
     await seed(config, events)
     async with ScriptedRelay(ok={events[0]["id"]: (False, "blocked: pubkey not allowed")}) as peer:
-        code, out, err = await relay_cli("sync", peer.url, "--db", config.store.path)
+        code, out, err = await relay_cli_async("sync", peer.url, "--db", config.store.path)
     assert code == 1
     assert "pushed 2, settled 0, errors 1" in out
     assert "  error 1: blocked: pubkey not allowed" in out.splitlines()
@@ -349,7 +339,7 @@ async def test_refused_auth_fails_with_a_clear_message(tmp_path, alice):
     config = local_config(tmp_path)
     await seed(config, notes(alice, 2, NOW - 90))
     async with ScriptedRelay(auth="refuse") as peer:
-        code, out, err = await relay_cli("sync", peer.url, "--db", config.store.path)
+        code, out, err = await relay_cli_async("sync", peer.url, "--db", config.store.path)
     assert code == 1
     assert "refused our NIP-42 AUTH as node" in err
     assert "restricted: this node is not on the allow list" in err
