@@ -63,6 +63,13 @@ def http_get(port: int, path: str = "/", headers: dict | None = None, timeout: f
         return response.status, response.headers, response.read()
 
 
+async def nip11(relay) -> dict:
+    """The NIP-11 document of an in-process `Relay` (fetched off the event loop)."""
+    status, _, body = await asyncio.to_thread(http_get, relay.port, "/", {"Accept": "application/nostr+json"}, 5.0)
+    assert status == 200
+    return json.loads(body)
+
+
 def answers_health(port: int) -> bool:
     try:
         return http_get(port, "/health", timeout=1.0)[0] == 200

@@ -8,15 +8,14 @@ live), COUNT, nor NEG-OPEN (checked with our own negentropy engine).
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-import urllib.request
 
 import orjson
 
 from relay.protocol.negentropy import Negentropy, SortedVector
 from relay.server.app import Relay
 from tests.helpers import Client, Keys
+from tests.served import nip11
 from tests.server.test_negentropy_server import start  # noqa: F401 (a fixture: start(name, **sections) -> Relay)
 
 NOW = int(time.time())
@@ -175,14 +174,8 @@ async def test_authenticated_writes_and_kind_rules(start, alice, bob):
 
 async def test_nip11_reflects_auth_config(start):
     """NIP-11 lists 42; auth_required and restricted_writes follow [auth]."""
-    def nip11(relay: Relay) -> dict:
-        request = urllib.request.Request(relay.url.replace("ws://", "http://"),
-                                         headers={"Accept": "application/nostr+json"})
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return json.loads(response.read())
-
-    open_doc = await asyncio.to_thread(nip11, await start("open"))
-    closed_doc = await asyncio.to_thread(nip11, await start("closed", auth={"write": "authenticated"}))
+    open_doc = await nip11(await start("open"))
+    closed_doc = await nip11(await start("closed", auth={"write": "authenticated"}))
     assert 42 in open_doc["supported_nips"]
     assert (open_doc["limitation"]["auth_required"], open_doc["limitation"]["restricted_writes"]) == (False, False)
     assert (closed_doc["limitation"]["auth_required"], closed_doc["limitation"]["restricted_writes"]) == (True, True)

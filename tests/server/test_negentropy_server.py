@@ -11,11 +11,9 @@ NIP-01 limit order (created_at descending, lowest id first).
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import sqlite3
 import time
-import urllib.request
 from datetime import timedelta
 
 import nostr_sdk as sdk
@@ -28,6 +26,7 @@ from relay.protocol.negentropy import Negentropy, SortedVector
 from relay.server.app import Relay
 from tests.conftest import make_config
 from tests.helpers import Client, Keys
+from tests.served import nip11
 
 T0 = 1_700_000_000
 KEYS = [Keys(0xA11CE), Keys(0xB0B), Keys(0xCA401)]
@@ -357,11 +356,6 @@ async def test_neg_close_ends_the_session_without_reply(start):
     await expect_neg_err(client, "c", "closed:")
     assert relay.negentropy.items_held == 0
     await client.close()
-
-
-async def nip11(relay: Relay) -> dict:
-    request = urllib.request.Request("http" + relay.url[2:] + "/", headers={"Accept": "application/nostr+json"})
-    return json.loads(await asyncio.to_thread(lambda: urllib.request.urlopen(request, timeout=5).read()))
 
 
 async def test_nip11_lists_77_only_while_enabled(start):

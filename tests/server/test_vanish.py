@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 import sqlite3
 import time
-import urllib.request
 
 from tests.helpers import Keys
+from tests.served import nip11
 from tests.store import retention_common
 from tests.store.retention_common import assert_consistent, publish_all, stored_ids
 
@@ -116,11 +114,5 @@ async def test_all_relays_is_honoured_without_a_configured_url(tmp_path, alice, 
         request = alice.sign(62, "", [["relay", "ALL_RELAYS"]], created_at=NOW - 60)
         await publish_all(client, [request])
         assert await stored_ids(client) == {e["id"] for e in kept} | {request["id"]}
-        assert 62 in json.loads(await asyncio.to_thread(nip11, relay.url))["supported_nips"]
+        assert 62 in (await nip11(relay))["supported_nips"]
 
-
-def nip11(url: str) -> bytes:
-    """The NIP-11 document of the relay at ws `url` (blocking: run it in a thread)."""
-    request = urllib.request.Request(url.replace("ws://", "http://"), headers={"Accept": "application/nostr+json"})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return response.read()
