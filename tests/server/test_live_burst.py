@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 
-from relay.protocol.event import EventLimits, parse_event
 from relay.server.app import Relay
 from tests.conftest import make_config
-from tests.helpers import Client
+from tests.helpers import Client, store_events
 
 
 async def test_a_reader_keeping_up_gets_a_commit_larger_than_its_live_queue(tmp_path, alice):
@@ -21,9 +18,7 @@ async def test_a_reader_keeping_up_gets_a_commit_larger_than_its_live_queue(tmp_
         await reader.req("r", {"kinds": [1]})
         events = [alice.sign(content=f"{i} " + "x" * 1000) for i in range(200)]
         # Queued together before the writer wakes: one transaction, so one fan-out of all 200 to the reader.
-        outcomes = await asyncio.gather(*[relay.store.submit(parse_event(e, EventLimits(), time.time()))
-                                          for e in events])
-        assert all(accepted for accepted, _ in outcomes)
+        await store_events(relay.store, events)
         got = [await reader.recv(timeout=30) for _ in events]
         assert sorted(m[2]["id"] for m in got) == sorted(e["id"] for e in events)
         assert relay.slow_readers == 0

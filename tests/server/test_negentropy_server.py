@@ -25,7 +25,7 @@ from relay.protocol.filters import parse_filter
 from relay.protocol.negentropy import Negentropy, SortedVector
 from relay.server.app import Relay
 from tests.conftest import make_config
-from tests.helpers import Client, Keys
+from tests.helpers import Client, Keys, store_events
 from tests.served import nip11
 
 T0 = 1_700_000_000
@@ -70,12 +70,6 @@ async def start(tmp_path):
         await server.stop()
 
 
-async def store(relay: Relay, evs: list[dict]) -> None:
-    """Store events through the writer, batched (faster than one EVENT round trip each)."""
-    outcomes = await asyncio.gather(*(relay.store.submit(parse_event(e, EventLimits(), time.time())) for e in evs))
-    assert all(accepted for accepted, _ in outcomes), outcomes
-
-
 async def reconcile(client: Client, sub_id: str, filter_obj: dict, items, frame_size_limit: int = 0):
     """Run a whole reconciliation as initiator; returns (have, need, reply sizes in bytes). Closes the session."""
     neg = Negentropy(SortedVector.from_items(items), frame_size_limit)
@@ -113,7 +107,7 @@ async def test_full_set_reconciles_exactly_with_windows_and_limits(start):
     """The full set ({}) is served from the index: exact have/need for since/until windows and limits."""
     relay = await start()
     evs = events()
-    await store(relay, evs)
+    await store_events(relay.store, evs)
     client = await Client.connect(relay.url)
     rng = random.Random(1)
     for window in WINDOWS:
@@ -125,7 +119,7 @@ async def test_indexed_filter_reconciles_exactly_from_the_index(start):
     """A configured filter is answered from its index: beyond max_sync_events, windows and limits exact."""
     relay = await start(negentropy={"filters": [{"kinds": [1]}], "max_sync_events": 5})
     evs = events()
-    await store(relay, evs)
+    await store_events(relay.store, evs)
     client = await Client.connect(relay.url)
     rng = random.Random(2)
     assert len(expected(evs, {"kinds": [1]})) > 5  # a query would be refused: this is the index
@@ -139,7 +133,7 @@ async def test_unindexed_filter_reconciles_exactly_from_a_query(start):
     """Other filters are answered from a query: exact have/need for tag and author filters, windows and limits."""
     relay = await start()
     evs = events()
-    await store(relay, evs)
+    await store_events(relay.store, evs)
     client = await Client.connect(relay.url)
     rng = random.Random(3)
     for base in ({"#t": ["x"]}, {"authors": [KEYS[0].pubkey], "kinds": [1]}, {"kinds": [7]}):
@@ -152,7 +146,7 @@ async def test_large_sets_reconcile_within_a_small_frame_size_limit(start):
     """With frame_size_limit 4096, 1,500 events reconcile over many rounds, no reply above the limit."""
     relay = await start(negentropy={"frame_size_limit": 4096})
     evs = events(1500)
-    await store(relay, evs)
+    await store_events(relay.store, evs)
     client = await Client.connect(relay.url)
     for filter_obj in ({}, {"kinds": [1]}):  # index, then query
         theirs = expected(evs, filter_obj)
@@ -168,7 +162,7 @@ async def test_each_message_reads_a_fresh_snapshot_and_none_is_held_between(star
     """Between two messages no read transaction stays open (a TRUNCATE checkpoint succeeds) and new events show."""
     relay = await start(auth={"private_kinds": []})  # else {} is answered from a query, not the full-set index
     evs = events()
-    await store(relay, evs[:60])
+    await store_events(relay.store, evs[:60])
     client = await Client.connect(relay.url)
     ours = expected(evs[:60], {})
     neg = Negentropy(SortedVector.from_items(ours))
@@ -176,7 +170,7 @@ async def test_each_message_reads_a_fresh_snapshot_and_none_is_held_between(star
     await client.send(["NEG-OPEN", "s", {}, initial])
     first = await client.recv()
     assert first[0] == "NEG-MSG"
-    await store(relay, evs[60:61])
+    await store_events(relay.store, evs[60:61])
     conn = sqlite3.connect(relay.config.store.path)
     assert conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0  # 0: not blocked by a reader
     conn.close()
@@ -206,7 +200,7 @@ async def open_session(client: Client, sub_id: str, filter_obj: dict, items=()) 
 async def test_malformed_messages_get_neg_err(start):
     """Bad hex, an undecodable message, a bad filter or an unknown session: NEG-ERR, and the socket stays usable."""
     relay = await start()
-    await store(relay, events()[:10])
+    await store_events(relay.store, events()[:10])
     client = await Client.connect(relay.url)
     for bad in ("zz", "abc", 7, None):
         await client.send(["NEG-OPEN", "h", {}, bad])
@@ -249,7 +243,7 @@ async def test_too_many_query_results_is_blocked(start):
     """A filter answered by a query with more than max_sync_events results: NEG-ERR blocked; a limit makes it fit."""
     relay = await start(negentropy={"max_sync_events": 5})
     evs = events()
-    await store(relay, evs)
+    await store_events(relay.store, evs)
     client = await Client.connect(relay.url)
     reply = await open_session(client, "q", {"kinds": [7]})
     assert reply[:2] == ["NEG-ERR", "q"] and reply[2].startswith("blocked: too many query results"), reply
@@ -262,7 +256,7 @@ async def test_relay_wide_item_budget_is_enforced_and_released(start):
     """Sessions built from queries share max_session_items: past it NEG-ERR blocked; closing gives items back."""
     relay = await start(negentropy={"max_sync_events": 30, "max_session_items": 40})
     evs = events()
-    await store(relay, evs)
+    await store_events(relay.store, evs)
     kind7 = len(expected(evs, {"kinds": [7]}))
     assert 10 < kind7 <= 30
     first, second = await Client.connect(relay.url), await Client.connect(relay.url)
@@ -303,7 +297,7 @@ async def test_reopening_an_id_replaces_its_session(start):
     """NEG-OPEN on an open id replaces the session (its budget given back); negentropy ids are apart from REQ ids."""
     relay = await start(negentropy={"max_sessions_per_connection": 1})
     evs = events()
-    await store(relay, evs)
+    await store_events(relay.store, evs)
     client = await Client.connect(relay.url)
     assert len(await client.req("s", {"limit": 1})) == 1  # a REQ with the same id stays open meanwhile
     assert (await open_session(client, "s", {"kinds": [7]}))[0] == "NEG-MSG"
@@ -331,7 +325,7 @@ async def test_reopening_an_id_replaces_its_session(start):
 async def test_idle_session_is_closed_with_neg_err(start):
     """A session without messages for idle_timeout_seconds ends with NEG-ERR "closed:"; its items are released."""
     relay = await start(negentropy={"idle_timeout_seconds": 0.3})
-    await store(relay, events())
+    await store_events(relay.store, events())
     client = await Client.connect(relay.url)
     assert (await open_session(client, "idle", {"kinds": [7]}))[0] == "NEG-MSG"
     assert relay.negentropy.items_held > 0
@@ -347,7 +341,7 @@ async def test_idle_session_is_closed_with_neg_err(start):
 async def test_neg_close_ends_the_session_without_reply(start):
     """NEG-CLOSE ends a session silently; a NEG-CLOSE of an unknown id is ignored."""
     relay = await start()
-    await store(relay, events())
+    await store_events(relay.store, events())
     client = await Client.connect(relay.url)
     assert (await open_session(client, "c", {"kinds": [7]}))[0] == "NEG-MSG"
     await client.send(["NEG-CLOSE", "c"])
@@ -421,7 +415,7 @@ async def test_nostr_sdk_sync_reports_the_exact_difference(start):
     """nostr-sdk's Relay.sync against the relay finds exactly what each side lacks (index and query paths)."""
     relay = await start(negentropy={"filters": [{"kinds": [1]}]})
     evs = events(600)
-    await store(relay, evs)
+    await store_events(relay.store, evs)
     rng = random.Random(6)
     cases = [({}, sdk.Filter()),
              ({"kinds": [1]}, sdk.Filter().kind(sdk.Kind(1))),

@@ -10,12 +10,11 @@ from contextlib import closing
 import pytest
 
 from relay.config import ConfigError
-from relay.protocol.event import EventLimits, parse_event
 from relay.protocol.filters import parse_filter
 from relay.store.checkpoint import checkpoint, wal_bytes
 from relay.store.store import Store, StoreOptions
 from tests.conftest import make_config
-from tests.helpers import Keys
+from tests.helpers import Keys, store_events
 
 
 @pytest.fixture
@@ -96,9 +95,7 @@ async def test_store_runs_the_configured_policy_in_the_background(tmp_path):
     store = await Store.open(tmp_path / "relay.db", options)
     try:
         keys = Keys(0xC0FFEE)
-        outcomes = await asyncio.gather(*(store.submit(parse_event(keys.sign(content=str(i)), EventLimits(),
-                                                                    time.time())) for i in range(300)))
-        assert all(accepted for accepted, _ in outcomes)
+        await store_events(store, [keys.sign(content=str(i)) for i in range(300)])
         deadline = time.monotonic() + 30
         while wal_bytes(store.path) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
