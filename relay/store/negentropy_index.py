@@ -332,9 +332,13 @@ class _Tree:
 
     def leaf(self, key: Key) -> list[Key]:
         """The items of the bucket starting at `key`."""
-        ts_blob, ids_blob = self.cur.execute(f"SELECT ts, ids FROM neg_nodes WHERE {_NODE}",
-                                             (self.number, 1, *key)).fetchone()
-        return _unpack(ts_blob, ids_blob)
+        return self.bucket(key)[2]
+
+    def bucket(self, key: Key) -> tuple[int, tuple[int, ...], list[Key]]:
+        """(count, limb sums s0..s7, items) of the bucket starting at `key`: one row read."""
+        row = self.cur.execute(f"SELECT count, {_SUMS}, ts, ids FROM neg_nodes WHERE {_NODE}",
+                               (self.number, 1, *key)).fetchone()
+        return row[0], row[1:9], _unpack(row[9], row[10])
 
     def floor(self, level: int, key: Key) -> Key:
         """Start of the node covering `key` (the last start <= key; the sentinel always qualifies)."""
@@ -408,15 +412,14 @@ class _Tree:
             return
         buckets = {}
         for start, members in self._by_node(1, changes).items():
-            old = self.node(1, start)
-            items = self.leaf(start)
+            old_count, old_sums, items = self.bucket(start)
             gone = {key for key, added in members if not added}
             kept = [key for key in items if key not in gone] if gone else items
             new = [key for key, added in members if added]
             if new and not set(new).isdisjoint(kept):
                 raise sqlite3.IntegrityError(f"negentropy index {self.number}: item already indexed")
             count, sums = self.put_leaf(start, sorted(kept + new) if new else kept)
-            buckets[start] = [count - old[0], *(s - o for s, o in zip(sums, old[2:]))]
+            buckets[start] = [count - old_count, *(s - o for s, o in zip(sums, old_sums))]
         for start, members in self._by_node(2, sorted(buckets.items())).items():
             delta = [sum(column) for column in zip(*(bucket_delta for _, bucket_delta in members))]
             self.add_to_group(start, delta[0], 0, delta[1:])
