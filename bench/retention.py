@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import json
-import statistics
 import sys
 import tempfile
 import time
@@ -22,6 +20,10 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
+sys.path.insert(0, str(BENCH))
+
+import common  # noqa: E402
+import events  # noqa: E402
 
 from relay.config import load_config  # noqa: E402
 from relay.hooks import hooks  # noqa: E402
@@ -38,8 +40,7 @@ def synthetic(i: int, created_at: int) -> dict:
     pubkey = hashlib.sha256(b"author%d" % (i % 1000)).hexdigest()
     tags = [["t", f"topic{i % 50}"]]
     content = f"note {i}"
-    serial = json.dumps([0, pubkey, created_at, 1, tags, content], separators=(",", ":"), ensure_ascii=False)
-    return {"id": hashlib.sha256(serial.encode()).hexdigest(), "pubkey": pubkey, "created_at": created_at,
+    return {"id": events.event_id(pubkey, created_at, 1, tags, content), "pubkey": pubkey, "created_at": created_at,
             "kind": 1, "tags": tags, "content": content, "sig": "00" * 64}
 
 
@@ -60,8 +61,8 @@ async def writer_latencies(store: Store, count: int, start: int, stop: asyncio.E
 
 def describe(seconds: list[float]) -> str:
     ordered = sorted(seconds)
-    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
-    return (f"{len(ordered)} submits: p50 {statistics.median(ordered) * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms, "
+    p50, p99 = common.percentile(ordered, 0.5), common.percentile(ordered, 0.99)
+    return (f"{len(ordered)} submits: p50 {p50 * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms, "
             f"max {ordered[-1] * 1000:.2f} ms")
 
 
