@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import json
 import time
 from pathlib import Path
@@ -35,6 +36,19 @@ class Keys:
         sig = self.private.sign_schnorr(bytes.fromhex(event_id)).hex()
         return {"id": event_id, "pubkey": self.pubkey, "created_at": created_at, "kind": kind,
                 "tags": tags, "content": content, "sig": sig}
+
+
+async def eventually(check, timeout: float = 10.0, every: float = 0.2):
+    """Call `check()` (plain or async; truthy when done) until it holds or `timeout` seconds pass; returns its
+    last value, for the caller to assert."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if inspect.isawaitable(value):
+            value = await value
+        if value or time.monotonic() > deadline:
+            return value
+        await asyncio.sleep(every)
 
 
 async def store_events(store, events: list[dict]) -> None:

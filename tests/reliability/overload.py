@@ -36,7 +36,7 @@ import websockets
 from websockets.exceptions import ConnectionClosed
 
 from relay.config import Config
-from tests.helpers import Client, Keys
+from tests.helpers import Client, Keys, eventually
 from tests.served import Served
 
 OVERLOAD_TOML = """\
@@ -222,13 +222,6 @@ async def _drain_until_closed(ws) -> int | None:
         return closed.rcvd.code if closed.rcvd is not None else None
 
 
-async def _until(condition, timeout: float) -> None:
-    """Wait (polling) until `condition()` holds, at most `timeout` seconds; the caller asserts what it needs."""
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-
-
 def _round(plan: Plan, number: int, rng: random.Random) -> list[list[dict]]:
     """Each publisher's events of one round: kind 1 notes of `content_bytes`, each tagged for one random holder."""
     filler = "x" * plan.content_bytes
@@ -296,8 +289,8 @@ async def soak(served: Served, config: Config, plan: Plan, seed: int = 1) -> Soa
             result.rounds += 1
         result.publish_seconds = time.monotonic() - publish_started
         result.peak_rss = status_bytes(served.proc.pid, "VmHWM")
-        await _until(lambda: holder_count[0] >= len(result.acked)  # live delivery is asynchronous
-                     and slow_count[0] >= plan.slow_readers * result.slow_matches, CLOSE_WAIT_SECONDS)
+        await eventually(lambda: holder_count[0] >= len(result.acked)  # live delivery is asynchronous
+                         and slow_count[0] >= plan.slow_readers * result.slow_matches, CLOSE_WAIT_SECONDS, 0.05)
         codes = await asyncio.wait_for(asyncio.gather(*[_drain_until_closed(ws) for ws in silent]),
                                        CLOSE_WAIT_SECONDS)
         result.non_readers_closed = len(codes)

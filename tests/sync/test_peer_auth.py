@@ -8,7 +8,6 @@ origin is then decided by the AUTH alone.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sqlite3
 import time
@@ -16,21 +15,13 @@ import time
 from relay.server.app import Relay
 from relay.sync.keys import NodeKey
 from tests.conftest import make_config
-from tests.helpers import Client, Keys
+from tests.helpers import Client, Keys, eventually
 from tests.served import free_port
 from tests.server.test_auth import auth_event, closed_or_events, neg_need
 from tests.sync.conftest import stored
 
 NOW = int(time.time())
 SYNC_TIMEOUT = 20.0  # seconds for an event to reach the other relay
-
-
-async def eventually(check) -> bool:
-    """Poll `check()` until it is true or SYNC_TIMEOUT seconds pass; returns its last value."""
-    deadline = time.monotonic() + SYNC_TIMEOUT
-    while not check() and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
-    return check()
 
 
 def reconciled(db_path: str, url: str) -> bool:
@@ -74,7 +65,7 @@ async def test_a_peer_authenticated_by_pubkey_is_that_peer(tmp_path, alice, bob)
     await b.start()
     try:
         # Once a has reconciled with b, its AUTH (answered as soon as b's challenge came) has been handled.
-        assert await eventually(lambda: reconciled(a.config.store.path, urls["b"]))
+        assert await eventually(lambda: reconciled(a.config.store.path, urls["b"]), SYNC_TIMEOUT)
         note = alice.sign(content="published to a", created_at=NOW - 20)
         dm = alice.sign(kind=4, content="to bob", tags=[["p", bob.pubkey]], created_at=NOW - 19)
         client = await Client.connect(a.url)
@@ -82,7 +73,7 @@ async def test_a_peer_authenticated_by_pubkey_is_that_peer(tmp_path, alice, bob)
             assert (await client.publish(e))[2] is True
         await client.close()
 
-        assert await eventually(lambda: {note["id"], dm["id"]} <= set(stored(b.config)))
+        assert await eventually(lambda: {note["id"], dm["id"]} <= set(stored(b.config)), SYNC_TIMEOUT)
         origins = stored(b.config)
         assert (origins.get(note["id"]), origins.get(dm["id"])) == (urls["a"], urls["a"])  # not "": no echo
         assert stored(a.config) == {note["id"]: "", dm["id"]: ""}

@@ -38,7 +38,7 @@ from relay.sync.state import (
     renew_lease,
 )
 from tests.conftest import make_config
-from tests.helpers import Client
+from tests.helpers import Client, eventually
 from tests.served import free_port
 from tests.sync.conftest import notes, publish, remote_ids, seed, speaks_nip77, stored
 from tests.sync.scripted import ScriptedRelay
@@ -123,16 +123,6 @@ def processes():
         p.stop()
 
 
-async def eventually(check, timeout: float = SYNC_TIMEOUT, every: float = 0.2):
-    """Await `check()` (async, returns truthy when done) until it holds or `timeout` seconds pass; returns its value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value or time.monotonic() > deadline:
-            return value
-        await asyncio.sleep(every)
-
-
 async def served_ids(url: str) -> set[str]:
     """Ids our relay at `url` serves (one REQ, limit 5000)."""
     client = await Client.connect(url, open_timeout=5)
@@ -163,14 +153,14 @@ async def test_serve_reconciles_then_streams_both_ways_with_localrelay(tmp_path,
     assert await local_relay(port=peer_port) == peer_url
     await publish(peer_url, remote_before)
     before = {e["id"] for e in remote_before + local_before}
-    assert await eventually(lambda: _holds(served_ids(ours.url), before))
-    assert await eventually(lambda: _holds(remote_ids(peer_url), before))
+    assert await eventually(lambda: _holds(served_ids(ours.url), before), SYNC_TIMEOUT)
+    assert await eventually(lambda: _holds(remote_ids(peer_url), before), SYNC_TIMEOUT)
 
     to_peer, from_peer = alice.sign(content="published to us", created_at=NOW - 5), bob.sign(content="to the peer")
     assert (await publish(ours.url, [to_peer]))[0][2] is True
-    assert await eventually(lambda: _holds(remote_ids(peer_url), {to_peer["id"]}))
+    assert await eventually(lambda: _holds(remote_ids(peer_url), {to_peer["id"]}), SYNC_TIMEOUT)
     assert (await publish(peer_url, [from_peer]))[0][2] is True
-    assert await eventually(lambda: _holds(served_ids(ours.url), {from_peer["id"]}))
+    assert await eventually(lambda: _holds(served_ids(ours.url), {from_peer["id"]}), SYNC_TIMEOUT)
 
     everything = before | {to_peer["id"], from_peer["id"]}
     await asyncio.sleep(1.0)  # room for an echo, if there were one
@@ -220,12 +210,12 @@ async def test_two_relay_processes_converge_and_stream(tmp_path, processes, alic
     assert await speaks_nip77(a.url)
     first = set(stored(a.config)) | set(stored(b.config))
     assert len(first) == 45
-    assert await eventually(lambda: _equal(served_ids(a.url), first))
-    assert await eventually(lambda: _equal(served_ids(b.url), first))
+    assert await eventually(lambda: _equal(served_ids(a.url), first), SYNC_TIMEOUT)
+    assert await eventually(lambda: _equal(served_ids(b.url), first), SYNC_TIMEOUT)
 
     live = alice.sign(content="live to a", created_at=NOW - 3)
     await publish(a.url, [live])
-    assert await eventually(lambda: _holds(served_ids(b.url), {live["id"]}))
+    assert await eventually(lambda: _holds(served_ids(b.url), {live["id"]}), SYNC_TIMEOUT)
 
     assert b.stop() == 0
     while_down = alice.sign(content="written to a while b is down", created_at=NOW - 2)
@@ -235,8 +225,8 @@ async def test_two_relay_processes_converge_and_stream(tmp_path, processes, alic
     processes.append(b.start())
 
     everything = first | {live["id"], while_down["id"]} | {e["id"] for e in offline}
-    assert await eventually(lambda: _equal(served_ids(a.url), everything))
-    assert await eventually(lambda: _equal(served_ids(b.url), everything))
+    assert await eventually(lambda: _equal(served_ids(a.url), everything), SYNC_TIMEOUT)
+    assert await eventually(lambda: _equal(served_ids(b.url), everything), SYNC_TIMEOUT)
     counts = (a.status()["peers"][0], b.status()["peers"][0])
     await asyncio.sleep(2.5)  # longer than the count flush period: an echo loop would show here
     assert await served_ids(a.url) == everything == await served_ids(b.url)
@@ -258,23 +248,19 @@ async def test_events_from_a_peer_are_not_pushed_back_to_it(tmp_path, alice, bob
         server = Relay(config)
         await server.start()
         try:
-            assert await eventually(_true(lambda: peer.live and any(m[0] == "NEG-CLOSE" for m in peer.messages)))
+            assert await eventually(lambda: peer.live and any(m[0] == "NEG-CLOSE" for m in peer.messages), SYNC_TIMEOUT)
             from_peer = alice.sign(content="streamed from the peer", created_at=NOW - 9)
             await peer.broadcast(from_peer)
-            assert await eventually(_true(lambda: stored(config).get(from_peer["id"]) == peer.url))
+            assert await eventually(lambda: stored(config).get(from_peer["id"]) == peer.url, SYNC_TIMEOUT)
             local = bob.sign(content="published here", created_at=NOW - 8)
             assert (await publish(server.url, [local]))[0][2] is True
-            assert await eventually(_true(lambda: any(e["id"] == local["id"] for e in peer.received)))
+            assert await eventually(lambda: any(e["id"] == local["id"] for e in peer.received), SYNC_TIMEOUT)
             await asyncio.sleep(0.5)
             assert [e["id"] for e in peer.received] == [local["id"]]
         finally:
             await server.stop()
 
 
-def _true(predicate):
-    async def check():
-        return bool(predicate())
-    return check
 
 
 async def test_changes_name_the_origin_of_events_that_came_by_sync(tmp_path, alice):
