@@ -36,6 +36,16 @@ def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Cursor]:
         raise
 
 
+@contextmanager
+def read_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """BEGIN ... ROLLBACK on an autocommit connection: one snapshot for every statement inside (it only reads)."""
+    conn.execute("BEGIN")
+    try:
+        yield conn
+    finally:
+        conn.execute("ROLLBACK")
+
+
 def migrations() -> list[tuple[int, str]]:
     """The numbered migrations shipped in `relay/store/migrations/`, as (number, SQL), in order."""
     found = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass, field
 
+from relay.store.db import read_transaction
 from relay.store.negentropy_index import check_nodes, indexed_items, recompute
 
 
@@ -43,8 +44,7 @@ def verify_index(conn: sqlite3.Connection, configured: list[str]) -> list[IndexC
     problem.  One read transaction, so the comparison is of one snapshot.
     """
     checks = []
-    conn.execute("BEGIN")
-    try:
+    with read_transaction(conn):
         stored = dict(conn.execute("SELECT spec, filter_no FROM neg_filters").fetchall())
         for spec in dict.fromkeys([*configured, *stored]):
             check = IndexCheck(spec)
@@ -58,6 +58,4 @@ def verify_index(conn: sqlite3.Connection, configured: list[str]) -> list[IndexC
             check.missing = len(expected - items)
             check.extra = len(items - expected)
             check.nodes = check_nodes(conn, stored[spec], listed)
-    finally:
-        conn.execute("COMMIT")
     return checks

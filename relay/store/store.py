@@ -254,11 +254,8 @@ class Store:
         answered from the negentropy index); no snapshot outlives the job.
         """
         def in_transaction(conn, *fn_args):
-            conn.execute("BEGIN")
-            try:
+            with db.read_transaction(conn):
                 return fn(conn, *fn_args)
-            finally:
-                conn.execute("ROLLBACK")  # it only read
 
         return await self._read(in_transaction, *args)
 

@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from importlib import resources
 
+from relay.store.db import read_transaction
 from relay.store.projectors.causal import CausalEngine, CausalSpec, create_tables
 from relay.store.projectors.engine import AnySpec, pending_reason
 from relay.store.projectors.rows import Refusal, RowMaker, stored_event
@@ -136,8 +137,7 @@ def verify(conn: sqlite3.Connection, specs: list[AnySpec] | tuple[AnySpec, ...])
     changed since, table missing) gets a `problem` instead of a comparison.
     """
     checks: list[TableCheck] = []
-    conn.execute("BEGIN")  # one snapshot for the whole comparison
-    try:
+    with read_transaction(conn):  # one snapshot for the whole comparison
         records = read_meta(conn)
         for spec in specs:
             reason = pending_reason(spec, records.get(spec.name), conn)
@@ -152,6 +152,4 @@ def verify(conn: sqlite3.Connection, specs: list[AnySpec] | tuple[AnySpec, ...])
                 checks.extend(verify_causal(conn, spec))
             else:
                 checks.append(verify_plain(conn, spec))
-    finally:
-        conn.execute("COMMIT")
     return checks
