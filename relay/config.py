@@ -153,8 +153,8 @@ class SyncConfig:
     peers: tuple[PeerConfig, ...] = ()
 
 
-def _tables(value: Any, section: str, keys: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
-    """The tables of the `[[section]]` array as (`section[i]`, table), each holding only `keys`.
+def _tables(value: Any, section: str, keys: tuple[str, ...] | None) -> Iterator[tuple[str, dict]]:
+    """The tables of the `[[section]]` array as (`section[i]`, table), each holding only `keys` (None: any).
 
     Raises:
         ConfigError: `value` is not an array of tables, or a table has another key.
@@ -165,7 +165,7 @@ def _tables(value: Any, section: str, keys: tuple[str, ...]) -> Iterator[tuple[s
         name = f"{section}[{i}]"
         if type(table) is not dict:
             raise ConfigError(f"{name}: must be a table")
-        for key in table:
+        for key in table if keys is not None else ():
             if key not in keys:
                 raise ConfigError(f"{name}.{key}: unknown key")
         yield name, table
@@ -244,12 +244,7 @@ def _parse_negentropy_filters(value: Any, setting: str) -> tuple[dict, ...]:
     from relay.protocol.filters import parse_filter
     from relay.protocol.rejection import Rejection
 
-    if type(value) is not list:
-        raise ConfigError(f"negentropy.{setting}: must be an array of filter tables")
-    for i, table in enumerate(value):
-        name = f"negentropy.{setting}[{i}]"
-        if type(table) is not dict:
-            raise ConfigError(f"{name}: must be a table (a NIP-01 filter)")
+    for name, table in _tables(value, f"negentropy.{setting}", None):  # each a NIP-01 filter
         for key in ("since", "until", "limit"):
             if key in table:
                 raise ConfigError(f"{name}.{key}: an indexed filter has no {key}")
