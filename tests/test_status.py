@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
@@ -14,6 +16,7 @@ from relay.store.projectors.spec import parse_specs
 from relay.sync.state import add_counts, record_error
 from tests.conftest import make_config
 from tests.helpers import Client, Keys
+from tests.served import CLI_TIMEOUT, clean_env
 
 CONFIGURED = "ws://configured.example"
 FORMER = "ws://former.example"  # synced once (sync_peers row), no longer in [[sync.peers]]
@@ -89,3 +92,13 @@ def test_status_without_a_database_exits_1(tmp_path, capsys):
     assert run_status(make_config(tmp_path / "none"), as_json=True) == 1
     out, err = capsys.readouterr()
     assert out == "" and "no database" in err
+
+
+def test_status_into_a_closed_pipe_exits_1_without_a_traceback(status_config):
+    """`relay status --json | head -c 0`: the reader is gone before the first write; exit 1, no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "relay", "status", "--json", "--db", status_config.store.path],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
+    proc.stdout.close()  # before the interpreter has even started: its writes all fail with EPIPE
+    _, err = proc.communicate(timeout=CLI_TIMEOUT)
+    assert proc.returncode == 1
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err, err
