@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code (1 also when stdout's reader went away)."""
     try:
         code = _main(argv)
-        sys.stdout.flush()
+        if not sys.stdout.closed:  # `export` closes it when done
+            sys.stdout.flush()
         return code
     except BrokenPipeError:
         # `relay status --json | head`: stop quietly, as other tools do.  stdout is pointed at
