@@ -22,6 +22,7 @@ None when this connection is not limited).
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 from collections import deque
 from functools import partial
@@ -64,6 +65,11 @@ log = structlog.get_logger(__name__)
 
 _ID_SLICE = slice(7, 71)  # the id inside our canonical JSON: {"id":"<64 hex>",...
 _STORED_CHUNK = 64  # stored events written per flow-control wait
+# RFC 6455 section 5.2: FIN + text opcode, then the payload length in 7, 7+16 or 7+64 bits;
+# a server's frames are not masked, and no extension is negotiated (compression=None).
+_TEXT_FRAME = 0x81
+_LENGTH_16 = struct.Struct("!BBH")
+_LENGTH_64 = struct.Struct("!BBQ")
 # recv() returns buffered frames without suspending: a connection with a backlog yields to the
 # event loop after this long, so other connections' REQs are not queued behind its whole backlog
 _TIME_SLICE_SECONDS = 0.001
@@ -87,6 +93,15 @@ def _ok(ref: object, accepted: bool, message: str) -> bytes:
     NOTICE when `ref` is not such a string (missing, another type or size).
     """
     return encode_ok(ref, accepted, message) if type(ref) is str and len(ref) == 64 else encode_notice(message)
+
+
+def _text_frame_header(size: int) -> bytes:
+    """The header of an unmasked, final text frame carrying `size` bytes (RFC 6455 section 5.2)."""
+    if size < 126:
+        return bytes((_TEXT_FRAME, size))
+    if size < 65536:
+        return _LENGTH_16.pack(_TEXT_FRAME, 126, size)
+    return _LENGTH_64.pack(_TEXT_FRAME, 127, size)
 
 
 class LiveSubscription:
@@ -230,17 +245,16 @@ class Connection:
 
         websockets' `send_context` is the primitive its own `send` uses; one
         context per batch pays the flow-control wait once, not per message,
-        and the frames go to the socket in one write.
+        and the frames go to the socket in one write.  The frames are built
+        here: websockets' frame object costs about 3 µs per frame, a tenth of
+        a 500-event answer's time on the event loop.
 
         Raises:
             ConnectionClosed: the socket is closed.
         """
-        async with self.ws.send_context():
-            for message in messages:
-                self.ws.protocol.send_text(message)
-            # One write for the batch (the context would write frame by frame: a syscall per frame).
-            # Text frames only: no end-of-stream marker can be among the chunks.
-            self.ws.transport.writelines(self.ws.protocol.data_to_send())
+        async with self.ws.send_context():  # enters only while the connection is open
+            self.ws.transport.write(b"".join([piece for message in messages
+                                              for piece in (_text_frame_header(len(message)), message)]))
 
     def _event(self, obj: object) -> None:
         # EVENT pipeline without a task per event: parse here, then callbacks

@@ -150,3 +150,14 @@ async def test_pipelined_events_are_settled_in_arrival_order(client, alice):
     refused = [replies[e["id"]] for e in versions if replies[e["id"]][2] is not True]
     assert refused == []
     assert [e["content"] for e in await client.req("s", {"kinds": [0], "authors": [alice.pubkey]})] == ["v399"]
+
+
+async def test_stored_events_of_every_frame_length_form_arrive_whole(client, alice):
+    """Served frames use each RFC 6455 length form (7-bit, 16-bit, 64-bit) and a strict client parses them."""
+    sizes = [10, 60_000, 200_000]  # framed messages of < 126, < 65,536 and >= 65,536 bytes
+    events = [alice.sign(content="x" * n, created_at=1000 + i) for i, n in enumerate(sizes)]
+    for e in events:
+        assert (await client.publish(e))[2] is True
+    got = await client.req("s", {"authors": [alice.pubkey]})
+    assert [len(e["content"]) for e in got] == sizes[::-1]
+    assert [e["id"] for e in got] == [e["id"] for e in events[::-1]]
