@@ -110,6 +110,17 @@ def system_busy() -> float:
     return (sum(v[:8]) - idle) / CLK_TCK
 
 
+def thread_schedstat(pid: int, tid: int | None = None) -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) of thread `tid` of `pid` (its main thread by
+    default), from /proc/PID/task/TID/schedstat; (0, 0) where the kernel keeps no scheduler statistics."""
+    try:
+        with open(f"/proc/{pid}/task/{tid or pid}/schedstat") as f:
+            on_cpu, waiting, _ = f.read().split()
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    return int(on_cpu) / 1e9, int(waiting) / 1e9
+
+
 def self_cpu() -> float:
     t = os.times()
     return t.user + t.system

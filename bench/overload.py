@@ -11,6 +11,9 @@ One relay (ours, fresh: `relay import` of the first --n bench events, as stores.
    full speed for --capacity-seconds: events/s acknowledged with OK true;
 3. loaded: one process publishes new events paced at half that rate (a send every 10 ms), while the
    same REQs run again; p50/p99, the publish rate reached, and p99 loaded / p99 unloaded per query.
+   Also printed: the cores busy, and how much of the phase the relay's event-loop thread spent on a CPU
+   and runnable but waiting for one (the kernel's schedstat): on a small machine shared with the
+   benchmark's own processes, that wait shows up in the tail.
 Like for like: the new events leave every answer's size as it was (the thread queried is one they do
 not extend; the other REQs are full at their limit of 500 or ask for fixed ids); the events in each
 phase's last answer are printed beside the ratio.
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
+import os
 import sys
 import time
 from pathlib import Path
@@ -96,7 +100,9 @@ def main() -> int:
     srv, info = stores.start_loaded("ours", args.n)
     try:
         common.install_uvloop()
+        idle_loop0, idle_t0 = common.thread_schedstat(srv.pid), time.perf_counter()
         idle = latencies(srv.url, targets, store, args.reps)
+        idle_wait = (common.thread_schedstat(srv.pid)[1] - idle_loop0[1]) / (time.perf_counter() - idle_t0)
         capacity = ingest.run_ingest(srv.url, for_capacity, args.conns, 1000, srv.pid, args.capacity_seconds, 30.0)
         rate = capacity["eps"] / 2
         print(f"ingest capacity: {capacity['eps']:,.0f} events/s OK true ({ingest.fmt(capacity)})", flush=True)
@@ -104,6 +110,7 @@ def main() -> int:
         stop, out = ctx.Event(), ctx.Queue()
         publisher = ctx.Process(target=_paced_process, args=(srv.url, for_load, rate, stop, out), daemon=True)
         cpu0, busy0, t0 = common.cpu_seconds(srv.pid), common.system_busy(), time.perf_counter()
+        loop0 = common.thread_schedstat(srv.pid)
         publisher.start()
         try:
             time.sleep(1.0)  # the publisher reaches its pace
@@ -114,11 +121,16 @@ def main() -> int:
             publisher.join(10)
         wall = time.perf_counter() - t0
         relay_cores, busy_cores = (common.cpu_seconds(srv.pid) - cpu0) / wall, (common.system_busy() - busy0) / wall
+        loop_cpu, loop_wait = ((b - a) / wall for a, b in zip(loop0, common.thread_schedstat(srv.pid)))
     finally:
         srv.stop()
     print(f"loaded phase: publishing {paced['rate']:,.0f} events/s (target {rate:,.0f}; "
           f"{paced['ok_true']:,} OK true, {paced['ok_false']:,} OK false{', RAN OUT of events' if paced['ran_out'] else ''}),"
-          f" relay {relay_cores:.2f} cores, all processes {busy_cores:.2f} cores")
+          f" relay {relay_cores:.2f} cores, all processes {busy_cores:.2f} of {os.cpu_count()} cores")
+    # The event loop serves every REQ: the share of the phase it was ready to run but had no CPU is
+    # latency that no relay code path can remove on this machine.
+    print(f"event-loop thread: on a CPU {loop_cpu:.0%} of the loaded phase, runnable but waiting for a CPU"
+          f" {loop_wait:.0%} (unloaded phase: {idle_wait:.0%})")
     worst = 0.0
     for name in REQ_QUERIES:
         a, b = idle.get(name, {}), loaded.get(name, {})
