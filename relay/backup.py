@@ -37,7 +37,7 @@ def backup(source: Path, target: Path) -> BackupReport:
 
     Raises:
         FileExistsError: `target` exists (it is left as it is).
-        FileNotFoundError: there is no database at `source`.
+        FileNotFoundError: there is no database at `source`, or no directory to hold `target`.
         sqlite3.Error: the copy failed (nothing is left at `target`).
     """
     started = time.monotonic()
@@ -45,6 +45,8 @@ def backup(source: Path, target: Path) -> BackupReport:
         raise FileNotFoundError(f"no database at {source}")
     if target.exists():
         raise FileExistsError(f"{target} exists; refusing to overwrite it")
+    if not target.parent.is_dir():  # else the error would name the temporary file, not PATH
+        raise FileNotFoundError(f"no directory {target.parent} to hold {target.name}")
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     try:
         with closing(sqlite3.connect(source.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None)) as conn:
