@@ -269,13 +269,15 @@ async def sync_with_peer(conn: PeerConnection, store: Store, filter_obj: dict, o
         progress(report)
 
     try:
-        await conn.reconcile(filter_obj, neg, on_round)
-        await fetch.finish()
-    finally:
-        fetch.cancel()
-    if up:
-        await _push(conn, store, to_push, options, report, progress)
-    report.seconds = time.monotonic() - started
+        try:
+            await conn.reconcile(filter_obj, neg, on_round)
+            await fetch.finish()
+        finally:
+            fetch.cancel()
+        if up:
+            await _push(conn, store, to_push, options, report, progress)
+    finally:  # a failed run's summary tells how long it ran too
+        report.seconds = time.monotonic() - started
     progress(report)
     return report
 

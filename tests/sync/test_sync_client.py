@@ -20,7 +20,7 @@ from relay.server.app import Relay
 from relay.sync.command import sync_once
 from relay.sync.peer import PeerError
 from relay.sync.scheduler import sync_options
-from relay.sync.session import GONE_LOCALLY, MISSING, classify
+from relay.sync.session import GONE_LOCALLY, MISSING, SyncReport, classify
 from relay.sync.state import read_states
 from tests.helpers import Keys
 from tests.served import free_port, relay_cli_async
@@ -212,6 +212,17 @@ async def test_peer_without_nip77_fails_with_a_clear_message(tmp_path, alice, mo
     conn.close()
     assert (state.url, state.last_error, state.last_success, state.lease_owner) == (
         peer.url, str(raised.value), None, None)
+
+
+async def test_failed_run_reports_how_long_it_ran(tmp_path, alice):
+    """A run that fails (here: the peer never answers NEG-OPEN) still reports its elapsed seconds."""
+    config = local_config(tmp_path, sync={"timeout_seconds": 1.0})
+    await seed(config, notes(alice, 3, NOW - 50))
+    report = SyncReport()
+    async with ScriptedRelay(mode="silent") as peer:
+        with pytest.raises(PeerError):
+            await sync_once(config, peer.url, {}, sync_options(config, "both"), report=report)
+    assert report.seconds >= 0.9
 
 
 async def test_cli_exits_nonzero_when_peer_answers_notice(tmp_path, alice):
