@@ -69,6 +69,7 @@ class LimitsConfig:
     max_live_queue: int = 2_048
     max_live_queue_bytes: int = 16_777_216
     max_query_rows: int = 10_000  # events one REQ returns at most, all filters together
+    max_query_bytes: int = 16_777_216  # bytes of events one REQ returns at most (the newest that fit)
     query_timeout_seconds: float = 5.0  # database time of one REQ or COUNT; 0: unbounded
     max_stored_results_bytes: int = 268_435_456  # stored REQ results not yet sent, all connections together
 
@@ -546,6 +547,8 @@ def _check_consistency(config: Config) -> None:
         raise ConfigError("limits.max_live_queue_bytes: must be at least limits.max_message_bytes")
     if limits.max_message_bytes < 1024:
         raise ConfigError("limits.max_message_bytes: must be at least 1024")
+    if limits.max_query_bytes < limits.max_message_bytes:  # one event must fit in an answer
+        raise ConfigError("limits.max_query_bytes: must be at least limits.max_message_bytes")
     url = config.server.public_url
     if url and (not url.startswith(("ws://", "wss://")) or relay_url_key(url) is None):
         raise ConfigError(f"server.public_url: must be a ws:// or wss:// URL, got {url!r}")

@@ -64,7 +64,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 _ID_SLICE = slice(7, 71)  # the id inside our canonical JSON: {"id":"<64 hex>",...
-_STORED_CHUNK = 64  # stored events written per flow-control wait
+# stored events written per flow-control wait: a write's copies (framing, the socket's buffer) stay small
+_STORED_CHUNK = 64
+_STORED_CHUNK_BYTES = 262_144
 # RFC 6455 section 5.2: FIN + text opcode, then the payload length in 7, 7+16 or 7+64 bits;
 # a server's frames are not masked, and no extension is negotiated (compression=None).
 _TEXT_FRAME = 0x81
@@ -353,7 +355,8 @@ class Connection:
                     stored = await self.relay.store.query(sub.filters, self._limits.default_limit,
                                                           self._limits.max_limit, self.access.private,
                                                           self._limits.max_query_rows,
-                                                          self._limits.query_timeout_seconds)
+                                                          self._limits.query_timeout_seconds,
+                                                          self._limits.max_query_bytes)
             sent = await self._send_stored(sub.sub_id, stored)
             stored = None
             if sent is None:
@@ -393,9 +396,11 @@ class Connection:
             sent = {raw[_ID_SLICE] for raw in stored}
             stored.reverse()  # chunks are popped from the end, so each is freed once sent
             while stored:
-                chunk = [stored.pop() for _ in range(min(_STORED_CHUNK, len(stored)))]
+                chunk, size = [], 0
+                while stored and len(chunk) < _STORED_CHUNK and size < _STORED_CHUNK_BYTES:
+                    chunk.append(stored.pop())
+                    size += len(chunk[-1])
                 await self.send_many([encode_event(sub_id, raw) for raw in chunk])
-                size = sum(map(len, chunk))
                 budget.release(size)
                 held -= size
             return sent

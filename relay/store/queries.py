@@ -126,25 +126,58 @@ def compile_count(f: Filter, now: int, private: PrivateKinds | None = None) -> C
     return Compiled(f"SELECT {distinct}e.seq {from_clause} WHERE {where}", tuple(params))
 
 
-def run_query(conn: sqlite3.Connection, compiled: list[Compiled], max_rows: int | None = None) -> list[bytes]:
-    """Run the statements of one REQ and merge them: raw events newest first, each id once, at most `max_rows`.
+def run_query(conn: sqlite3.Connection, compiled: list[Compiled], max_rows: int | None = None,
+              max_bytes: int | None = None) -> list[bytes]:
+    """Run the statements of one REQ and merge them: raw events newest first, each id once, at most
+    `max_rows` of them and at most `max_bytes` bytes of them together (the newest that fit).
 
     Each statement's own LIMIT should not exceed `max_rows`: the merge then
-    holds at most twice `max_rows` rows, however many filters the REQ has.
+    holds at most twice `max_rows` rows, however many filters the REQ has,
+    and about twice `max_bytes` bytes.  `max_bytes` must be at least the
+    largest event's size.
     """
     if len(compiled) == 1:
         # One row for the whole result: SQLite steps the rows without the GIL, which a reader
         # thread would otherwise wait for once per row while the writer thread runs.
         c = compiled[0]
-        joined = conn.execute(f"SELECT group_concat(raw, char(10)) FROM ({c.sql})", c.params).fetchone()[0]
+        previous = conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max_bytes) if max_bytes else None
+        try:
+            joined = conn.execute(f"SELECT group_concat(raw, char(10)) FROM ({c.sql})", c.params).fetchone()[0]
+        except sqlite3.DataError:  # "string or blob too big": over max_bytes, so take its newest rows that fit
+            return _newest(((row[2], len(row[2])) for row in conn.execute(c.sql, c.params)), max_rows, max_bytes)
+        finally:
+            if previous is not None:
+                conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, previous)
         return joined.split(b"\n")[:max_rows] if joined else []
-    rows = {}
+    rows, held = {}, 0
+
+    def keep_newest() -> None:
+        nonlocal rows, held
+        kept = _newest(((row, len(row[2])) for row in sorted(rows.values())), max_rows, max_bytes)
+        rows, held = {row[1]: row for row in kept}, sum(len(row[2]) for row in kept)
+
     for c in compiled:
         for created_at, id_, raw in conn.execute(c.sql, c.params):
-            rows[id_] = (-created_at, id_, raw)
+            if id_ not in rows:
+                held += len(raw)
+                rows[id_] = (-created_at, id_, raw)
+                if max_bytes and held > 2 * max_bytes:
+                    keep_newest()
         if max_rows is not None and len(rows) > max_rows:
-            rows = {row[1]: row for row in sorted(rows.values())[:max_rows]}  # keep the newest
-    return [row[2] for row in sorted(rows.values())[:max_rows]]
+            keep_newest()
+    return _newest(((row[2], len(row[2])) for row in sorted(rows.values())), max_rows, max_bytes)
+
+
+def _newest(items, max_rows: int | None, max_bytes: int | None) -> list:
+    """The leading items of `items` ((item, size in bytes), newest first): at most `max_rows` of them,
+    of `max_bytes` bytes at most together (None: no bound)."""
+    kept, held = [], 0
+    for item, size in items:
+        held += size
+        if (max_rows is not None and len(kept) >= max_rows) or (max_bytes and held > max_bytes):
+            break
+        kept.append(item)
+    return kept
 
 
 _COMPOUND_TERMS = 250  # SELECTs per UNION, under SQLite's default SQLITE_MAX_COMPOUND_SELECT of 500

@@ -261,13 +261,15 @@ class Store:
 
     async def query(self, filters: list[Filter], default_limit: int, max_limit: int,
                     private: PrivateKinds | None = None, max_rows: int | None = None,
-                    timeout_seconds: float = 0.0) -> list[bytes]:
+                    timeout_seconds: float = 0.0, max_bytes: int | None = None) -> list[bytes]:
         """Raw JSON of the live events matching any filter, newest first (ties: lowest id).
 
         Each filter keeps its own `limit` (`default_limit` when absent,
         clamped to `max_limit`); `limit: 0` and empty filters select nothing.
         `private` hides what the reader may not see of the private kinds (NIP-42).
-        All filters together return at most `max_rows` events (the newest).
+        All filters together return at most `max_rows` events and `max_bytes`
+        bytes of events (the newest that fit; `max_bytes` is at least the
+        largest event's size).
 
         Raises:
             Rejection: "error:" when the statements ran past `timeout_seconds` (0: no bound).
@@ -281,7 +283,7 @@ class Store:
         ]
         if not compiled:
             return []
-        return await self._read(run_with_deadline, timeout_seconds, run_query, compiled, max_rows)
+        return await self._read(run_with_deadline, timeout_seconds, run_query, compiled, max_rows, max_bytes)
 
     async def count(self, filters: list[Filter], private: PrivateKinds | None = None,
                     timeout_seconds: float = 0.0) -> int:

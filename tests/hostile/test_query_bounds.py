@@ -6,6 +6,11 @@ import asyncio
 import threading
 import time
 
+import orjson
+import pytest
+
+from relay.config import ConfigError
+from relay.protocol.auth import PrivateKinds
 from relay.protocol.event import parse_event
 from relay.protocol.filters import Filter
 from relay.server.app import Relay
@@ -63,6 +68,40 @@ async def test_req_with_1000_filters_returns_at_most_max_query_rows_and_count_ta
     finally:
         await client.close()
         await relay.stop()
+
+
+@pytest.mark.parametrize("filters", [
+    [{"limit": 5000}],  # one statement: SQLite concatenates the answer, and stops at the byte bound
+    [{"limit": 5000}, {"since": 0, "limit": 5000}],  # several: merged row by row
+], ids=["one filter", "two filters"])
+async def test_req_returns_the_newest_events_that_fit_in_max_query_bytes(tmp_path, filters):
+    """An answer over `max_query_bytes` (its least, `max_message_bytes`: 1 MiB; the 1,000 events hold ~1.2 MB)
+    is cut to its newest events that fit, then EOSE, as `limit` would cut it; the connection goes on."""
+    relay = await _relay_with_events(tmp_path, max_query_bytes=1_048_576)
+    client = await Client.connect(relay.url)
+    try:
+        # What an unauthenticated reader sees, with no byte bound: newest first
+        private = PrivateKinds(frozenset(relay.config.auth.private_kinds))
+        everything = await relay.store.query([Filter()], 5000, 5000, private)
+        fits, held = [], 0
+        for raw in everything:
+            held += len(raw)
+            if held > 1_048_576:
+                break
+            fits.append(orjson.loads(raw)["id"])
+        assert 100 < len(fits) < len(everything)
+        assert [e["id"] for e in await client.req("big", *filters)] == fits
+        wanted = orjson.loads(everything[-1])["id"]
+        assert [e["id"] for e in await client.req("small", {"ids": [wanted]})] == [wanted]
+    finally:
+        await client.close()
+        await relay.stop()
+
+
+def test_max_query_bytes_below_max_message_bytes_is_refused(tmp_path):
+    """One event must fit in an answer: a smaller `max_query_bytes` is a configuration error."""
+    with pytest.raises(ConfigError, match="limits.max_query_bytes: must be at least limits.max_message_bytes"):
+        make_config(tmp_path, limits={"max_query_bytes": 1000, "max_message_bytes": 2048})
 
 
 async def test_writes_are_acknowledged_while_every_read_connection_is_stuck_mid_query(tmp_path, alice):
