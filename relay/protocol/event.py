@@ -114,10 +114,9 @@ def _explain_hex(event_id: object, pubkey: object, sig: object) -> None:
 
 def _check_int(obj: dict, key: str, low: int, high: int) -> int:
     value = obj.get(key)
-    if type(value) is not int:
-        raise invalid(f"{key} must be an integer")
-    if not low <= value <= high:
-        raise invalid(f"{key} out of range")
+    # JSON integers past 64 bits arrive as floats: one message names the type and the range
+    if type(value) is not int or not low <= value <= high:
+        raise invalid(f"{key} must be an integer from {low} to {high}")
     return value
 
 
@@ -129,6 +128,8 @@ def _check_tags(tags: object, limits: EventLimits) -> list:
     for tag in tags:
         if type(tag) is not list:
             raise invalid("tags must be an array of arrays of strings")
+        if not tag:  # NIP-01: "each tag is an array of one or more strings"
+            raise invalid("a tag must hold at least one string")
         for item in tag:
             if type(item) is not str:
                 raise invalid("tag items must be strings")

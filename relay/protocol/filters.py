@@ -104,7 +104,7 @@ def _text_set(value: object, key: str, max_items: int) -> frozenset[str]:
 
 def _timestamp(value: object, key: str) -> int:
     if type(value) is not int or not 0 <= value <= _INT64_MAX:
-        raise invalid(f"{key} must be a non-negative integer")
+        raise invalid(f"{key} must be an integer from 0 to {_INT64_MAX}")
     return value
 
 
@@ -113,11 +113,13 @@ def parse_filter(obj: object, max_items: int = 10_000) -> Filter:
 
     `max_items` caps the length of each list, a bound on work per filter.
     Keys other than `ids`, `authors`, `kinds`, `#<letter>`, `since`,
-    `until` and `limit` are ignored.
+    `until` and `limit` are ignored (a NIP-50 `search` among them), but
+    for other keys starting with `#`.
 
     Raises:
         Rejection: "invalid:" for a wrong type, bad hex, a negative limit or
-        timestamp, or a list longer than `max_items`.
+        timestamp, a list longer than `max_items`, or a `#` key that is not
+        `#` and one ASCII letter.
     """
     if type(obj) is not dict:
         raise invalid("filter must be a JSON object")
@@ -136,7 +138,10 @@ def parse_filter(obj: object, max_items: int = 10_000) -> Filter:
             until = _timestamp(value, key)
         elif key == "limit":
             limit = _timestamp(value, key)
-        elif len(key) == 2 and key[0] == "#" and key[1].isascii() and key[1].isalpha():
+        elif key[:1] == "#":
+            if not (len(key) == 2 and key[1].isascii() and key[1].isalpha()):
+                # matching nothing or everything would both be wrong answers
+                raise invalid("a tag filter's key is # and one letter a-z or A-Z (NIP-01)")
             tags.append((key[1], _text_set(value, key, max_items)))
     tags.sort()
     return Filter(ids, authors, kinds, tuple(tags), since, until, limit)

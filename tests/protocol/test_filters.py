@@ -33,7 +33,7 @@ EVENT = parse_event(KEYS.sign(kind=1, created_at=100, tags=[["e", "a" * 64], ["t
         ({"#p": [""]}, False),
         ({"#t": []}, False),
         ({"limit": 0}, True),
-        ({"search": "ignored", "#tt": ["ignored"]}, True),
+        ({"search": "ignored", "other": ["ignored"]}, True),
     ],
 )
 def test_matches(obj, expected):
@@ -45,10 +45,11 @@ def test_matches(obj, expected):
     "obj",
     [[], {"ids": "x"}, {"ids": ["A" * 64]}, {"authors": ["ab"]}, {"kinds": [1.0]}, {"kinds": [-1]},
      {"kinds": [True]}, {"since": -1}, {"until": "1"}, {"limit": -5}, {"limit": 1.5}, {"#e": "x"},
-     {"#e": [None]}, {"authors": ["a" * 64] * 3}],
+     {"#e": [None]}, {"authors": ["a" * 64] * 3}, {"#tt": ["x"]}, {"#": ["x"]}, {"#1": ["x"]}],
 )
 def test_bad_filters_are_invalid(obj):
-    """Wrong types, bad hex, negatives and oversized lists are refused with "invalid:"."""
+    """Wrong types, bad hex, negatives, oversized lists and `#` keys other than # and one letter (which no
+    tag index serves: matching everything or nothing would both be wrong) are refused with "invalid:"."""
     with pytest.raises(Rejection) as err:
         parse_filter(obj, max_items=2)
     assert err.value.prefix == "invalid"
