@@ -98,7 +98,10 @@ def _main(argv: list[str] | None) -> int:
         print(f"relay: configuration error: {exc}", file=sys.stderr)
         return 2
     configure_logging(config.log.level, config.log.format)
-    structlog.get_logger("relay").info("config_loaded", file=str(args.config) if args.config else "built-in defaults")
+    # Only the daemon's log says so by default: other commands' output is for the person who ran them.
+    log = structlog.get_logger("relay")
+    (log.info if args.command == "serve" else log.debug)(
+        "config_loaded", file=str(args.config) if args.config else "built-in defaults")
     if args.command == "serve":
         import uvloop
 

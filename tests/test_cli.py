@@ -229,6 +229,16 @@ def test_import_of_a_missing_file_exits_2(tmp_path):
     assert "nope.jsonl" in result.stdout + result.stderr
 
 
+def test_only_serve_logs_the_configuration_it_loaded(tmp_path):
+    """Other commands' stderr is for the person who ran them: no `config_loaded` log line (serve logs it)."""
+    result = relay_cli("export", "--db", tmp_path / "absent.db")
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"relay export: no database at {tmp_path / 'absent.db'}"
+    with Served(tmp_path, "--db", tmp_path / "served.db", "--port", 0) as served:
+        served.started_url()
+        assert any(entry.get("event") == "config_loaded" for entry in served.log_events())
+
+
 def test_db_path_from_environment(tmp_path):
     """Without `--db`, RELAY_STORE__PATH chooses the database for import and export."""
     db = tmp_path / "env.db"
