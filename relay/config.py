@@ -72,6 +72,8 @@ class LimitsConfig:
     max_query_bytes: int = 16_777_216  # bytes of events one REQ returns at most (the newest that fit)
     query_timeout_seconds: float = 5.0  # database time of one REQ or COUNT; 0: unbounded
     max_stored_results_bytes: int = 268_435_456  # stored REQ results not yet sent, all connections together
+    stored_results_timeout_seconds: float = 15.0  # a chunk of stored results waiting this long for a full
+                                                  # socket: the reader is dropped (1008) and its share freed
 
     def event_limits(self) -> EventLimits:
         """The per-event limits `parse_event` checks."""
@@ -402,7 +404,7 @@ _MINIMUM = {("server", "port"): 0, ("store", "read_connections"): 1, ("store", "
             ("store", "max_batch"): 1, ("store", "writer_queue_size"): 1,
             ("store", "max_projector_refusals"): 1, ("store", "projector_rebuild_batch"): 1,
             ("retention", "interval_seconds"): 0.01, ("retention", "batch_size"): 1,
-            ("limits", "max_query_rows"): 1}
+            ("limits", "max_query_rows"): 1, ("limits", "stored_results_timeout_seconds"): 0.1}
 _MINIMUM.update({("sync", key): low for key, low in _MINIMUM_SYNC.items()})
 _MINIMUM.update({("negentropy", "frame_size_limit"): 4096,  # the engine's MIN_FRAME_SIZE_LIMIT
                  ("negentropy", "max_sessions_per_connection"): 1, ("negentropy", "idle_timeout_seconds"): 0.1,
@@ -548,7 +550,8 @@ def _check_consistency(config: Config) -> None:
     if limits.max_message_bytes < 1024:
         raise ConfigError("limits.max_message_bytes: must be at least 1024")
     if limits.max_query_bytes < limits.max_message_bytes:  # one event must fit in an answer
-        raise ConfigError("limits.max_query_bytes: must be at least limits.max_message_bytes")
+        raise ConfigError(f"limits.max_query_bytes: must be at least limits.max_message_bytes"
+                          f" ({limits.max_message_bytes}), got {limits.max_query_bytes}")
     url = config.server.public_url
     if url and (not url.startswith(("ws://", "wss://")) or relay_url_key(url) is None):
         raise ConfigError(f"server.public_url: must be a ws:// or wss:// URL, got {url!r}")

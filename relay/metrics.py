@@ -97,7 +97,7 @@ class _ScrapeCollector:
         yield GaugeMetricFamily("relay_negentropy_items_held", "items held in memory by NIP-77 sessions "
                                 "answered from a query", value=held)
         yield CounterMetricFamily("relay_slow_readers_disconnected", "connections closed (1008) for not reading "
-                                  "live events in time", value=relay.slow_readers)
+                                  "live events or stored results in time", value=relay.slow_readers)
         if relay.store is not None:
             size = GaugeMetricFamily("relay_database_bytes", "size of the SQLite files: the database (db) and "
                                      "its write-ahead log (wal)", labels=["file"])

@@ -172,7 +172,7 @@ class Relay:
                     sub.deliver(event)
 
     def slow_reader_dropped(self) -> None:
-        """Count one reader disconnected for not keeping up with live events."""
+        """Count one reader disconnected for not reading live events or stored results in time."""
         self.slow_readers += 1
         log.info("slow_reader_disconnected", total=self.slow_readers)
 

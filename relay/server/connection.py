@@ -106,6 +106,10 @@ def _text_frame_header(size: int) -> bytes:
     return _LENGTH_64.pack(_TEXT_FRAME, 127, size)
 
 
+class _StalledReader(Exception):
+    """Stored results waited past `limits.stored_results_timeout_seconds` for a full socket: the reader is dropped."""
+
+
 class LiveSubscription:
     """A REQ's live side; holds events in `pending` until its EOSE is sent."""
 
@@ -232,6 +236,8 @@ class Connection:
         if err.verb in ("EVENT", "AUTH") and err.ref is not None:
             await self.send(encode_ok(err.ref, False, str(err)))
         elif err.verb in ("REQ", "COUNT") and err.ref is not None:
+            if err.verb == "REQ":  # it replaces a subscription of the same id (NIP-01), which CLOSED ends
+                self._unsubscribe(err.ref)
             await self.send(encode_closed(err.ref, str(err)))
         elif err.verb in ("NEG-OPEN", "NEG-MSG") and err.ref is not None:
             await self.negentropy.refuse(err.ref, str(err))  # NIP-77: NEG-ERR, and the session ends
@@ -370,7 +376,7 @@ class Connection:
                 for event in pending:
                     if event.id.encode() not in sent:
                         self.push_live(encode_event(sub.sub_id, event.raw))
-        except ConnectionClosed:
+        except (ConnectionClosed, _StalledReader):
             pass
         except Exception as exc:
             message = self._query_failure("req_failed", exc, sub_id=sub.sub_id)
@@ -400,7 +406,12 @@ class Connection:
                 while stored and len(chunk) < _STORED_CHUNK and size < _STORED_CHUNK_BYTES:
                     chunk.append(stored.pop())
                     size += len(chunk[-1])
-                await self.send_many([encode_event(sub_id, raw) for raw in chunk])
+                try:
+                    async with asyncio.timeout(self._limits.stored_results_timeout_seconds):
+                        await self.send_many([encode_event(sub_id, raw) for raw in chunk])
+                except TimeoutError:  # a client that asks and never reads must not keep its share of the budget
+                    self.drop_slow_reader("slow reader: stored events not read in time")
+                    raise _StalledReader from None
                 budget.release(size)
                 held -= size
             return sent
@@ -454,8 +465,8 @@ class Connection:
         else:
             self._out_ready.set()
 
-    def drop_slow_reader(self) -> None:
-        """Disconnect a reader that cannot keep up with live events (counted)."""
+    def drop_slow_reader(self, reason: str = "slow reader: live events not read in time") -> None:
+        """Disconnect a reader that does not read what it asked for in time (counted); `reason` goes in the close frame."""
         if self._closing:
             return
         self._closing = True
@@ -463,7 +474,7 @@ class Connection:
         self.relay.slow_reader_dropped()
         for sub_id in list(self.subscriptions):
             self._unsubscribe(sub_id)
-        asyncio.create_task(self.ws.close(1008, "slow reader: live events not read in time"))
+        asyncio.create_task(self.ws.close(1008, reason))
 
     async def _send_queued(self) -> None:
         try:

@@ -133,21 +133,14 @@ def run_query(conn: sqlite3.Connection, compiled: list[Compiled], max_rows: int 
 
     Each statement's own LIMIT should not exceed `max_rows`: the merge then
     holds at most twice `max_rows` rows, however many filters the REQ has,
-    and about twice `max_bytes` bytes.  `max_bytes` must be at least the
-    largest event's size.
+    and about twice `max_bytes` bytes.
     """
     if len(compiled) == 1:
-        # One row for the whole result: SQLite steps the rows without the GIL, which a reader
-        # thread would otherwise wait for once per row while the writer thread runs.
         c = compiled[0]
-        previous = conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max_bytes) if max_bytes else None
         try:
-            joined = conn.execute(f"SELECT group_concat(raw, char(10)) FROM ({c.sql})", c.params).fetchone()[0]
-        except sqlite3.DataError:  # "string or blob too big": over max_bytes, so take its newest rows that fit
+            joined = _concatenated(conn, c, max_bytes)
+        except sqlite3.DataError:  # "string or blob too big": over max_bytes, so its newest rows that fit
             return _newest(((row[2], len(row[2])) for row in conn.execute(c.sql, c.params)), max_rows, max_bytes)
-        finally:
-            if previous is not None:
-                conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, previous)
         return joined.split(b"\n")[:max_rows] if joined else []
     rows, held = {}, 0
 
@@ -168,11 +161,29 @@ def run_query(conn: sqlite3.Connection, compiled: list[Compiled], max_rows: int 
     return _newest(((row[2], len(row[2])) for row in sorted(rows.values())), max_rows, max_bytes)
 
 
+def _concatenated(conn: sqlite3.Connection, c: Compiled, max_bytes: int | None) -> bytes | None:
+    """`c`'s raw events joined by newlines in one row: SQLite steps the rows without the GIL, which a
+    reader thread would otherwise wait for once per row while the writer thread runs.
+
+    Raises:
+        sqlite3.DataError: the join (or one event) is longer than `max_bytes`.
+    """
+    previous = conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max_bytes) if max_bytes else None
+    try:
+        return conn.execute(f"SELECT group_concat(raw, char(10)) FROM ({c.sql})", c.params).fetchone()[0]
+    finally:
+        if previous is not None:
+            conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, previous)
+
+
 def _newest(items, max_rows: int | None, max_bytes: int | None) -> list:
     """The leading items of `items` ((item, size in bytes), newest first): at most `max_rows` of them,
-    of `max_bytes` bytes at most together (None: no bound)."""
+    of `max_bytes` bytes at most together (None: no bound).  An item larger than `max_bytes` alone is
+    passed over (stored before the bound was lowered, or imported): it could never be sent."""
     kept, held = [], 0
     for item, size in items:
+        if max_bytes and size > max_bytes:
+            continue
         held += size
         if (max_rows is not None and len(kept) >= max_rows) or (max_bytes and held > max_bytes):
             break

@@ -268,8 +268,8 @@ class Store:
         clamped to `max_limit`); `limit: 0` and empty filters select nothing.
         `private` hides what the reader may not see of the private kinds (NIP-42).
         All filters together return at most `max_rows` events and `max_bytes`
-        bytes of events (the newest that fit; `max_bytes` is at least the
-        largest event's size).
+        bytes of events (the newest that fit; an event larger than `max_bytes`
+        is left out).
 
         Raises:
             Rejection: "error:" when the statements ran past `timeout_seconds` (0: no bound).

@@ -98,6 +98,26 @@ async def test_req_returns_the_newest_events_that_fit_in_max_query_bytes(tmp_pat
         await relay.stop()
 
 
+async def test_an_event_larger_than_max_query_bytes_is_left_out_of_answers(tmp_path, alice):
+    """One stored event over `max_query_bytes` (stored before the bound was lowered, or imported) is left
+    out: the REQs that reach it answer the other events and EOSE, not `error:`."""
+    relay = await _relay_with_events(tmp_path, 20, max_query_bytes=1_048_576, max_content_bytes=2_000_000)
+    client = await Client.connect(relay.url)
+    try:
+        huge = parse_event(alice.sign(content="h" * 1_100_000), relay.event_limits, time.time())
+        await relay.store.submit(huge)
+        private = PrivateKinds(frozenset(relay.config.auth.private_kinds))  # as an unauthenticated reader
+        everything = [orjson.loads(raw)["id"] for raw in await relay.store.query([Filter()], 5000, 5000, private)]
+        others = [event_id for event_id in everything if event_id != huge.id]
+        assert huge.id in everything and len(others) > 10
+        assert [e["id"] for e in await client.req("one", {"limit": 100})] == others
+        assert [e["id"] for e in await client.req("two", {"limit": 100}, {"authors": [alice.pubkey]})] == others
+        assert await client.req("by_id", {"ids": [huge.id]}) == []
+    finally:
+        await client.close()
+        await relay.stop()
+
+
 def test_max_query_bytes_below_max_message_bytes_is_refused(tmp_path):
     """One event must fit in an answer: a smaller `max_query_bytes` is a configuration error."""
     with pytest.raises(ConfigError, match="limits.max_query_bytes: must be at least limits.max_message_bytes"):
