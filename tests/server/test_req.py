@@ -83,6 +83,25 @@ async def test_req_reusing_an_id_replaces_the_subscription(client, relay, alice)
         await other.close()
 
 
+async def test_an_invalid_req_reusing_an_id_ends_that_subscription(client, relay, alice):
+    """A REQ with an open subscription's id but an invalid filter gets CLOSED, and the old one is gone with it:
+    nothing more arrives on that id."""
+    await client.req("s", {"kinds": [1]})
+    await client.send(["REQ", "s", {"#e": "x"}])
+    assert await client.recv() == ["CLOSED", "s", "invalid: #e must be an array"]
+    other = await Client.connect(relay.url)
+    try:
+        note = alice.sign(kind=1, content="after CLOSED")
+        await other.publish(note)
+        await client.send(["REQ", "probe", {"ids": [note["id"]]}])  # stored: the note was committed
+        replies = []
+        while (reply := await client.recv())[:2] != ["EOSE", "probe"]:
+            replies.append(reply)
+        assert replies == [["EVENT", "probe", note]]  # and none for "s"
+    finally:
+        await other.close()
+
+
 async def test_count_counts_distinct_matches(client, alice, bob):
     """COUNT (NIP-45) counts distinct events over OR-ed filters, ignoring limit."""
     for i in range(4):
