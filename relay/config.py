@@ -400,6 +400,7 @@ _MINIMUM_SYNC = {"frame_size_limit": 4096, "fetch_batch": 1, "fetch_in_flight": 
                  "live_queue": 1, "interval_seconds": 0.1, "timeout_seconds": 0.1,
                  "connect_timeout_seconds": 0.1, "backoff_initial_seconds": 0.01, "backoff_max_seconds": 0.01,
                  "lease_seconds": 1.0}
+_SQLITE_MAX_LENGTH = 1_000_000_000  # SQLite's default bound on one string or blob (bytes)
 _MINIMUM = {("server", "port"): 0, ("store", "read_connections"): 1, ("store", "verify_threads"): 1,
             ("store", "max_batch"): 1, ("store", "writer_queue_size"): 1,
             ("store", "max_projector_refusals"): 1, ("store", "projector_rebuild_batch"): 1,
@@ -549,9 +550,13 @@ def _check_consistency(config: Config) -> None:
         raise ConfigError("limits.max_live_queue_bytes: must be at least limits.max_message_bytes")
     if limits.max_message_bytes < 1024:
         raise ConfigError("limits.max_message_bytes: must be at least 1024")
-    if limits.max_query_bytes < limits.max_message_bytes:  # one event must fit in an answer
-        raise ConfigError(f"limits.max_query_bytes: must be at least limits.max_message_bytes"
-                          f" ({limits.max_message_bytes}), got {limits.max_query_bytes}")
+    # One event must fit in an answer, one answer in the budget for unsent results (else it is refused
+    # every time), and SQLite holds strings of at most SQLITE_MAX_LENGTH bytes.
+    if not limits.max_message_bytes <= limits.max_query_bytes <= min(limits.max_stored_results_bytes,
+                                                                      _SQLITE_MAX_LENGTH):
+        raise ConfigError(f"limits.max_query_bytes: must be from limits.max_message_bytes ({limits.max_message_bytes})"
+                          f" to limits.max_stored_results_bytes ({limits.max_stored_results_bytes}) and at most"
+                          f" {_SQLITE_MAX_LENGTH:,}, got {limits.max_query_bytes}")
     url = config.server.public_url
     if url and (not url.startswith(("ws://", "wss://")) or relay_url_key(url) is None):
         raise ConfigError(f"server.public_url: must be a ws:// or wss:// URL, got {url!r}")

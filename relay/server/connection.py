@@ -354,8 +354,8 @@ class Connection:
     async def _serve_stored(self, sub: LiveSubscription) -> None:
         stored: list[bytes] = []
         try:
-            # One stored query at a time per connection: a client cannot hold every
-            # read connection, nor more than one result set in memory.
+            # One stored answer at a time per connection, from query to last chunk sent: a client
+            # cannot hold every read connection, nor more than one answer of the budget.
             async with self._query_slot:
                 with self.relay.metrics.req_seconds.time():
                     stored = await self.relay.store.query(sub.filters, self._limits.default_limit,
@@ -363,7 +363,7 @@ class Connection:
                                                           self._limits.max_query_rows,
                                                           self._limits.query_timeout_seconds,
                                                           self._limits.max_query_bytes)
-            sent = await self._send_stored(sub.sub_id, stored)
+                sent = await self._send_stored(sub.sub_id, stored)
             stored = None
             if sent is None:
                 self._unsubscribe(sub.sub_id)
@@ -394,6 +394,10 @@ class Connection:
 
         Returns the ids sent (to skip live events already among them), or
         None, sending nothing, when the results do not fit in the budget.
+
+        Raises:
+            _StalledReader: a chunk waited `limits.stored_results_timeout_seconds` for the socket; the
+                connection is being dropped as a slow reader and its bytes are given back.
         """
         budget, held = self.relay.stored_results, sum(map(len, stored))
         if not budget.take(held):
@@ -402,8 +406,9 @@ class Connection:
             sent = {raw[_ID_SLICE] for raw in stored}
             stored.reverse()  # chunks are popped from the end, so each is freed once sent
             while stored:
-                chunk, size = [], 0
-                while stored and len(chunk) < _STORED_CHUNK and size < _STORED_CHUNK_BYTES:
+                chunk = [stored.pop()]  # one event at least, however large
+                size = len(chunk[0])
+                while stored and len(chunk) < _STORED_CHUNK and size + len(stored[-1]) <= _STORED_CHUNK_BYTES:
                     chunk.append(stored.pop())
                     size += len(chunk[-1])
                 try:

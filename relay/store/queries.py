@@ -140,25 +140,27 @@ def run_query(conn: sqlite3.Connection, compiled: list[Compiled], max_rows: int 
         try:
             joined = _concatenated(conn, c, max_bytes)
         except sqlite3.DataError:  # "string or blob too big": over max_bytes, so its newest rows that fit
-            return _newest(((row[2], len(row[2])) for row in conn.execute(c.sql, c.params)), max_rows, max_bytes)
+            return _newest(((row[2], len(row[2])) for row in conn.execute(c.sql, c.params)), max_rows, max_bytes)[0]
         return joined.split(b"\n")[:max_rows] if joined else []
-    rows, held = {}, 0
+    rows, held, cutoff = {}, 0, None
 
     def keep_newest() -> None:
-        nonlocal rows, held
-        kept = _newest(((row, len(row[2])) for row in sorted(rows.values())), max_rows, max_bytes)
+        nonlocal rows, held, cutoff
+        kept, stop = _newest(((row, len(row[2])) for row in sorted(rows.values())), max_rows, max_bytes)
         rows, held = {row[1]: row for row in kept}, sum(len(row[2]) for row in kept)
+        if stop is not None:  # the answer ends before this row: no row from there on can be in it
+            cutoff = stop[:2] if cutoff is None else min(cutoff, stop[:2])
 
     for c in compiled:
         for created_at, id_, raw in conn.execute(c.sql, c.params):
-            if id_ not in rows:
+            if id_ not in rows and (cutoff is None or (-created_at, id_) < cutoff):
                 held += len(raw)
                 rows[id_] = (-created_at, id_, raw)
                 if max_bytes and held > 2 * max_bytes:
                     keep_newest()
         if max_rows is not None and len(rows) > max_rows:
             keep_newest()
-    return _newest(((row[2], len(row[2])) for row in sorted(rows.values())), max_rows, max_bytes)
+    return _newest(((row[2], len(row[2])) for row in sorted(rows.values())), max_rows, max_bytes)[0]
 
 
 def _concatenated(conn: sqlite3.Connection, c: Compiled, max_bytes: int | None) -> bytes | None:
@@ -176,19 +178,20 @@ def _concatenated(conn: sqlite3.Connection, c: Compiled, max_bytes: int | None) 
             conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, previous)
 
 
-def _newest(items, max_rows: int | None, max_bytes: int | None) -> list:
+def _newest(items, max_rows: int | None, max_bytes: int | None) -> tuple[list, object]:
     """The leading items of `items` ((item, size in bytes), newest first): at most `max_rows` of them,
-    of `max_bytes` bytes at most together (None: no bound).  An item larger than `max_bytes` alone is
-    passed over (stored before the bound was lowered, or imported): it could never be sent."""
+    of `max_bytes` bytes at most together (None: no bound); and the item it stopped at (None: none left).
+    An item larger than `max_bytes` alone is passed over (stored before the bound was lowered, or
+    imported): it could never be sent."""
     kept, held = [], 0
     for item, size in items:
         if max_bytes and size > max_bytes:
             continue
         held += size
         if (max_rows is not None and len(kept) >= max_rows) or (max_bytes and held > max_bytes):
-            break
+            return kept, item
         kept.append(item)
-    return kept
+    return kept, None
 
 
 _COMPOUND_TERMS = 250  # SELECTs per UNION, under SQLite's default SQLITE_MAX_COMPOUND_SELECT of 500

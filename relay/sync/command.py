@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from rich.console import Console
@@ -60,6 +61,7 @@ async def sync_once(config: Config, url: str, filter_obj: dict, options: SyncOpt
     try:
         async with states.hold(url, new_owner(), config.sync.lease_seconds):
             await states.record_attempt(url)
+            started = time.monotonic()
             try:
                 conn = await PeerConnection.open(url, key, config.sync.connect_timeout_seconds,
                                                  config.sync.timeout_seconds,
@@ -70,6 +72,7 @@ async def sync_once(config: Config, url: str, filter_obj: dict, options: SyncOpt
                 finally:
                     await conn.close()
             except PeerError as exc:
+                report.seconds = time.monotonic() - started  # connecting included: it may be what failed
                 await states.record_error(url, str(exc))
                 await states.add_counts(url, report.fetched, report.pushed)
                 raise

@@ -98,6 +98,25 @@ async def test_req_returns_the_newest_events_that_fit_in_max_query_bytes(tmp_pat
         await relay.stop()
 
 
+async def test_disjoint_filters_over_twice_max_query_bytes_keep_the_newest_that_fit(tmp_path):
+    """Two filters splitting 3,000 events (~3 MB visible) by time: the merge passes twice `max_query_bytes` (1 MiB),
+    trims to the newest as it goes, and answers the same newest events that fit as one filter does."""
+    relay = await _relay_with_events(tmp_path, 3000, max_query_bytes=1_048_576)
+    client = await Client.connect(relay.url)
+    try:
+        private = PrivateKinds(frozenset(relay.config.auth.private_kinds))  # as an unauthenticated reader
+        everything = [orjson.loads(raw) for raw in await relay.store.query([Filter()], 5000, 5000, private)]
+        middle = everything[len(everything) // 2]["created_at"]
+        assert sum(map(len, (orjson.dumps(e) for e in everything))) > 2 * 1_048_576 + 500_000
+        one = [e["id"] for e in await client.req("one", {"limit": 5000})]
+        two = [e["id"] for e in await client.req("two", {"since": middle, "limit": 5000},
+                                                 {"until": middle - 1, "limit": 5000})]
+        assert 100 < len(one) < len(everything) and two == one
+    finally:
+        await client.close()
+        await relay.stop()
+
+
 async def test_an_event_larger_than_max_query_bytes_is_left_out_of_answers(tmp_path, alice):
     """One stored event over `max_query_bytes` (stored before the bound was lowered, or imported) is left
     out: the REQs that reach it answer the other events and EOSE, not `error:`."""
@@ -120,7 +139,7 @@ async def test_an_event_larger_than_max_query_bytes_is_left_out_of_answers(tmp_p
 
 def test_max_query_bytes_below_max_message_bytes_is_refused(tmp_path):
     """One event must fit in an answer: a smaller `max_query_bytes` is a configuration error."""
-    with pytest.raises(ConfigError, match="limits.max_query_bytes: must be at least limits.max_message_bytes"):
+    with pytest.raises(ConfigError, match=r"limits.max_query_bytes: must be from limits.max_message_bytes \(2048\)"):
         make_config(tmp_path, limits={"max_query_bytes": 1000, "max_message_bytes": 2048})
 
 

@@ -172,8 +172,9 @@ async def test_pipelined_events_are_settled_in_arrival_order(client, alice):
 
 
 async def test_stored_events_of_every_frame_length_form_arrive_whole(client, alice):
-    """Served frames use each RFC 6455 length form (7-bit, 16-bit, 64-bit) and a strict client parses them."""
-    sizes = [10, 60_000, 200_000]  # framed messages of < 126, < 65,536 and >= 65,536 bytes
+    """Served frames use each RFC 6455 length form and a strict client parses them: the events' messages take
+    the 16-bit and 64-bit forms, the EOSE the 7-bit one."""
+    sizes = [10, 60_000, 200_000]  # framed messages of ~360 bytes, ~60 kB (< 65,536) and ~200 kB
     events = [alice.sign(content="x" * n, created_at=1000 + i) for i, n in enumerate(sizes)]
     for e in events:
         assert (await client.publish(e))[2] is True

@@ -17,23 +17,31 @@ from tests.helpers import Client, eventually
 
 
 async def test_results_past_the_budget_are_refused_and_every_byte_comes_back(tmp_path, alice):
-    """10 events of ~1.3 kB under a 6 kB budget: a REQ for 4 is served, one for all 10 is refused
-    (rate-limited:), the connection keeps working, and nothing stays held."""
-    relay = Relay(make_config(tmp_path, limits={"max_stored_results_bytes": 6_000}))
+    """10 events of ~1.3 kB under a 6 kB budget (and a 6 kB answer bound): a REQ for 4 is served; while
+    5 kB of the budget is held elsewhere, a REQ for 2 is refused (rate-limited:) and the connection keeps
+    working; a REQ for all 10 gets the newest that fit in 6 kB; nothing stays held."""
+    relay = Relay(make_config(tmp_path, limits={"max_stored_results_bytes": 6_000, "max_query_bytes": 6_000,
+                                                "max_message_bytes": 4_096},
+                              negentropy={"enabled": False}))  # else max_message_bytes must hold a NEG frame
     await relay.start()
     client = await Client.connect(relay.url)
     try:
         events = [alice.sign(content=f"{i} " + "x" * 1000, created_at=1_700_000_000 + i) for i in range(10)]
         for e in events:
             assert (await client.publish(e))[2] is True
-        assert [e["id"] for e in await client.req("few", {"limit": 4})] == [e["id"] for e in events[::-1][:4]]
+        newest = [e["id"] for e in events[::-1]]
+        assert [e["id"] for e in await client.req("few", {"limit": 4})] == newest[:4]
         assert relay.stored_results.held == 0
 
-        await client.send(["REQ", "all", {"limit": 10}])
+        assert relay.stored_results.take(5_000)  # another connection's answer on its way
+        await client.send(["REQ", "two", {"limit": 2}])
         reply = await client.recv()
-        assert reply[:2] == ["CLOSED", "all"] and reply[2].startswith("rate-limited: "), reply
+        assert reply[:2] == ["CLOSED", "two"] and reply[2].startswith("rate-limited: "), reply
+        relay.stored_results.release(5_000)
         assert relay.stored_results.held == 0
+        assert [e["id"] for e in await client.req("all", {"limit": 10})] == newest[:4]  # 4 x ~1.3 kB fit
         assert len(await client.req("again", {"limit": 3})) == 3  # the connection is still served
+        assert relay.stored_results.held == 0
     finally:
         await client.close()
         await relay.stop()
@@ -59,37 +67,53 @@ async def test_a_client_gone_mid_send_gives_its_bytes_back(tmp_path, alice):
         await relay.stop()
 
 
+async def _big_answers_relay(tmp_path, alice, **limits) -> Relay:
+    """A started relay holding 300 events of ~30 kB (9 MB: more than the kernel's socket buffers take)."""
+    relay = Relay(make_config(tmp_path, limits=limits))
+    await relay.start()
+    writer = await Client.connect(relay.url)
+    for i in range(300):
+        assert (await writer.publish(alice.sign(content=f"{i} " + "z" * 30_000, created_at=1_700_000_000 + i)))[2]
+    await writer.close()
+    return relay
+
+
+async def _non_reader(relay: Relay):
+    """A WebSocket client with a 4 KiB receive buffer and a one-message queue: once it stops reading, the
+    relay's writes to it stall."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", relay.port))
+    return await websockets.connect(relay.url, sock=sock, max_size=None, max_queue=1, ping_interval=None)
+
+
+async def _answer(client: Client, sub_id: str) -> tuple[str, int]:
+    """REQ everything; (EOSE or CLOSED, events received)."""
+    await client.send(["REQ", sub_id, {"limit": 5000}])
+    got = 0
+    while (message := await client.recv())[0] == "EVENT":
+        got += 1
+    return message[0], got
+
+
 async def test_a_reader_that_never_reads_its_stored_results_is_dropped_and_frees_the_budget(tmp_path, alice):
     """A client whose REQ holds most of the budget and that never reads: after `stored_results_timeout_seconds`
     with its socket full it is closed (1008) and counted, and another client's large REQ is then served."""
-    relay = Relay(make_config(tmp_path, limits={"max_stored_results_bytes": 12_000_000,
-                                                "max_query_bytes": 8_000_000,
-                                                "stored_results_timeout_seconds": 0.5}))
-    await relay.start()
+    relay = await _big_answers_relay(tmp_path, alice, max_stored_results_bytes=12_000_000, max_query_bytes=8_000_000,
+                                     stored_results_timeout_seconds=2.0)
     try:
-        writer = await Client.connect(relay.url)
-        for i in range(300):  # 9 MB, more than the kernel's socket buffers take: the relay's writes stall
-            assert (await writer.publish(alice.sign(content=f"{i} " + "z" * 30_000, created_at=1_700_000_000 + i)))[2]
-        await writer.close()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", relay.port))
-        stalled = await websockets.connect(relay.url, sock=sock, max_size=None, max_queue=1, ping_interval=None)
+        stalled = await _non_reader(relay)
         await stalled.send(json.dumps(["REQ", "big", {"limit": 5000}]))  # 8 MB of the 12 MB budget; never read
         assert await eventually(lambda: relay.stored_results.held > 4_000_000)
         reader = await Client.connect(relay.url)
 
         async def served() -> bool:
-            await reader.send(["REQ", "again", {"limit": 5000}])
-            got = 0
-            while (message := await reader.recv())[0] == "EVENT":
-                got += 1
-            return message[0] == "EOSE" and got > 200
+            verb, got = await _answer(reader, "again")
+            return verb == "EOSE" and got > 200
 
         assert await eventually(served, timeout=20, every=0.5)
         assert relay.slow_readers == 1
-
 
         async def read_to_the_end() -> None:  # what was buffered, then the close frame
             with contextlib.suppress(ConnectionClosed):
@@ -98,6 +122,25 @@ async def test_a_reader_that_never_reads_its_stored_results_is_dropped_and_frees
 
         await asyncio.wait_for(read_to_the_end(), 30)
         assert stalled.close_code == 1008 and stalled.close_reason == "slow reader: stored events not read in time"
+        await reader.close()
+    finally:
+        await relay.stop()
+
+
+async def test_one_connection_holds_one_answer_of_the_budget_at_a_time(tmp_path, alice):
+    """Four 6 MB REQs on one connection that never reads hold one answer's bytes at a time, not 12 MB of the
+    budget: another client's REQ of the same size is served at once (long before any timeout)."""
+    relay = await _big_answers_relay(tmp_path, alice, max_stored_results_bytes=12_000_000, max_query_bytes=6_000_000,
+                                     stored_results_timeout_seconds=60.0)
+    try:
+        stalled = await _non_reader(relay)
+        for k in range(4):
+            await stalled.send(json.dumps(["REQ", f"big{k}", {"limit": 5000}]))
+        assert await eventually(lambda: relay.stored_results.held > 1_000_000)  # past what the kernel takes
+        reader = await Client.connect(relay.url)
+        verb, got = await _answer(reader, "other")
+        assert verb == "EOSE" and 150 < got < 200  # the newest events of ~30.3 kB that fit in 6 MB
+        assert 0 < relay.stored_results.held <= 6_000_000
         await reader.close()
     finally:
         await relay.stop()

@@ -9,6 +9,7 @@ small scripted relays for the cases a real relay will not produce on demand
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import time
@@ -215,13 +216,23 @@ async def test_peer_without_nip77_fails_with_a_clear_message(tmp_path, alice, mo
 
 
 async def test_failed_run_reports_how_long_it_ran(tmp_path, alice):
-    """A run that fails (here: the peer never answers NEG-OPEN) still reports its elapsed seconds."""
-    config = local_config(tmp_path, sync={"timeout_seconds": 1.0})
+    """A run that fails still reports its elapsed seconds: when the peer never answers NEG-OPEN, and when it
+    never completes the WebSocket handshake."""
+    config = local_config(tmp_path, sync={"timeout_seconds": 1.0, "connect_timeout_seconds": 1.0})
     await seed(config, notes(alice, 3, NOW - 50))
     report = SyncReport()
     async with ScriptedRelay(mode="silent") as peer:
         with pytest.raises(PeerError):
             await sync_once(config, peer.url, {}, sync_options(config, "both"), report=report)
+    assert report.seconds >= 0.9
+    mute = await asyncio.start_server(lambda reader, writer: None, "127.0.0.1", 0)  # accepts, never answers
+    report = SyncReport()
+    try:
+        with pytest.raises(PeerError):
+            await sync_once(config, f"ws://127.0.0.1:{mute.sockets[0].getsockname()[1]}", {},
+                            sync_options(config, "both"), report=report)
+    finally:
+        mute.close()
     assert report.seconds >= 0.9
 
 
