@@ -72,8 +72,8 @@ class LimitsConfig:
     max_query_bytes: int = 16_777_216  # bytes of events one REQ returns at most (the newest that fit)
     query_timeout_seconds: float = 5.0  # database time of one REQ or COUNT; 0: unbounded
     max_stored_results_bytes: int = 268_435_456  # stored REQ results not yet sent, all connections together
-    stored_results_timeout_seconds: float = 15.0  # a chunk of stored results waiting this long for a full
-                                                  # socket: the reader is dropped (1008) and its share freed
+    stored_results_timeout_seconds: float = 15.0  # a reader taking none of its stored results this long is
+                                                  # dropped (1008) and its share of the budget freed
 
     def event_limits(self) -> EventLimits:
         """The per-event limits `parse_event` checks."""

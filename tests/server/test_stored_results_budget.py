@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import socket
+import time
 
 import websockets
 from websockets.exceptions import ConnectionClosed
@@ -78,11 +79,11 @@ async def _big_answers_relay(tmp_path, alice, **limits) -> Relay:
     return relay
 
 
-async def _non_reader(relay: Relay):
-    """A WebSocket client with a 4 KiB receive buffer and a one-message queue: once it stops reading, the
+async def _non_reader(relay: Relay, receive_buffer: int = 4096):
+    """A WebSocket client with a small receive buffer and a one-message queue: once it stops reading, the
     relay's writes to it stall."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", relay.port))
     return await websockets.connect(relay.url, sock=sock, max_size=None, max_queue=1, ping_interval=None)
@@ -142,5 +143,26 @@ async def test_one_connection_holds_one_answer_of_the_budget_at_a_time(tmp_path,
         assert verb == "EOSE" and 150 < got < 200  # the newest events of ~30.3 kB that fit in 6 MB
         assert 0 < relay.stored_results.held <= 6_000_000
         await reader.close()
+    finally:
+        await relay.stop()
+
+
+async def test_a_slow_reader_that_keeps_reading_is_not_dropped(tmp_path, alice):
+    """A client taking one 30 kB event every 0.25 s (about 120 kB/s; its reads reach the socket in bursts
+    up to ~3 s apart) of a 9 MB answer is not dropped with `stored_results_timeout_seconds` = 8, over 20 s:
+    the relay's writes wait longer than that on the socket (the kernel reports it writable only once a third
+    of its send buffer is free), but the bytes it has not delivered keep going down."""
+    relay = await _big_answers_relay(tmp_path, alice, max_query_bytes=9_500_000, max_stored_results_bytes=20_000_000,
+                                     stored_results_timeout_seconds=8.0)
+    try:
+        slow = await _non_reader(relay, receive_buffer=212_992)
+        await slow.send(json.dumps(["REQ", "slow", {"limit": 5000}]))
+        got, deadline = 0, time.monotonic() + 20
+        while time.monotonic() < deadline:
+            message = json.loads(await asyncio.wait_for(slow.recv(), 10))  # raises once the relay drops it
+            got += message[0] == "EVENT"  # (an AUTH challenge comes first: the REQ could match private kinds)
+            await asyncio.sleep(0.25)
+        assert got > 60 and relay.slow_readers == 0
+        await slow.close()
     finally:
         await relay.stop()
