@@ -436,19 +436,22 @@ class Connection:
             _StalledReader: the connection is being dropped.
             ConnectionClosed: the socket is closed.
         """
-        sending = asyncio.ensure_future(self.send_many(messages))
-        try:
-            unsent, still = self._unsent_bytes(), 0.0
-            while not (await asyncio.wait({sending}, timeout=_PROGRESS_CHECK_SECONDS))[0]:
-                now = self._unsent_bytes()
-                still = 0.0 if now < unsent else still + _PROGRESS_CHECK_SECONDS
-                unsent = now
-                if still >= self._limits.stored_results_timeout_seconds:
-                    self.drop_slow_reader("slow reader: stored events not read in time")
-                    raise _StalledReader
-            sending.result()
-        finally:
-            sending.cancel()  # nothing once it is done; else it would go on writing to a dropped reader
+        unsent, still = None, 0.0
+        waiting = self.send_many(messages)  # writes, then waits while the socket is full
+        while True:
+            try:
+                async with asyncio.timeout(_PROGRESS_CHECK_SECONDS):
+                    await waiting
+                return
+            except TimeoutError:  # the written bytes stay with the transport
+                pass
+            now = self._unsent_bytes()
+            still = 0.0 if unsent is None or now < unsent else still + _PROGRESS_CHECK_SECONDS
+            unsent = now
+            if still >= self._limits.stored_results_timeout_seconds:
+                self.drop_slow_reader("slow reader: stored events not read in time")
+                raise _StalledReader
+            waiting = self.ws.drain()  # wait for them to go
 
     def _unsent_bytes(self) -> int:
         """Bytes written but not yet taken by the peer: the transport's buffer, plus the kernel's send
