@@ -34,12 +34,9 @@ from tests.helpers import Keys  # noqa: E402
 REAL = common.REPO.parent / "shared" / "data" / "all_real_valid_dedup.jsonl"
 
 
-def rss_mb(pid: int, field_name: str = "VmRSS") -> int:
-    """A memory field of /proc/PID/status, in MB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field_name + ":"):
-            return int(line.split()[1]) // 1024
-    return 0
+def rss_mb(pid: int, field: str = "VmRSS") -> int:
+    """A memory field of the relay process (/proc/PID/status), in MB."""
+    return common.rss_bytes(pid, tree=False, field=field) // 2**20
 
 
 async def _answer(url: str, kind: int) -> tuple[str, int]:

@@ -70,14 +70,14 @@ def cpu_seconds(pid: int, tree: bool = True) -> float:
     return tot / CLK_TCK
 
 
-def rss_bytes(pid: int, tree: bool = True) -> int:
-    """VmRSS from /proc/PID/status (summed over the process tree)."""
+def rss_bytes(pid: int, tree: bool = True, field: str = "VmRSS") -> int:
+    """VmRSS (or another memory `field`, e.g. VmHWM) from /proc/PID/status (summed over the process tree)."""
     tot = 0
     for p in (tree_pids(pid) if tree else [pid]):
         try:
             with open(f"/proc/{p}/status") as f:
                 for line in f:
-                    if line.startswith("VmRSS:"):
+                    if line.startswith(field + ":"):
                         tot += int(line.split()[1]) * 1024
                         break
         except FileNotFoundError:

@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import inspect
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -115,3 +116,14 @@ class Client:
 
     async def close(self) -> None:
         await self.ws.close()
+
+
+async def small_buffer_socket(url: str, receive_buffer: int = 4096) -> socket.socket:
+    """A TCP socket connected to `url` (ws://host:port) with a small kernel receive buffer, for
+    `websockets.connect(url, sock=...)`: once its client stops reading, the relay's writes to it stall."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    sock.setblocking(False)
+    host, port = url.removeprefix("ws://").rsplit(":", 1)
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    return sock

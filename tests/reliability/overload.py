@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import random
 import resource
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,7 @@ import websockets
 from websockets.exceptions import ConnectionClosed
 
 from relay.config import Config
-from tests.helpers import Client, Keys, eventually
+from tests.helpers import Client, Keys, eventually, small_buffer_socket
 from tests.served import Served
 
 OVERLOAD_TOML = """\
@@ -156,14 +155,8 @@ class SoakResult:
 
 async def _connect(url: str, gate: asyncio.Semaphore, small_receive_buffer: bool = False):
     async with gate:
-        sock = None
-        if small_receive_buffer:
-            # A non-reader: a small kernel buffer, so the relay's side fills after a few frames.
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sock.setblocking(False)
-            host, port = url.removeprefix("ws://").rsplit(":", 1)
-            await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+        # A non-reader: a small kernel buffer, so the relay's side fills after a few frames.
+        sock = await small_buffer_socket(url) if small_receive_buffer else None
         return await websockets.connect(url, sock=sock, max_size=None, max_queue=1 if small_receive_buffer else 16,
                                         compression=None, ping_interval=None, proxy=None, open_timeout=60,
                                         close_timeout=2)

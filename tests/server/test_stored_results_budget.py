@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import time
 
 import websockets
@@ -14,7 +13,7 @@ from websockets.exceptions import ConnectionClosed
 
 from relay.server.app import Relay
 from tests.conftest import make_config
-from tests.helpers import Client, eventually
+from tests.helpers import Client, eventually, small_buffer_socket
 
 
 async def test_results_past_the_budget_are_refused_and_every_byte_comes_back(tmp_path, alice):
@@ -82,10 +81,7 @@ async def _big_answers_relay(tmp_path, alice, **limits) -> Relay:
 async def _non_reader(relay: Relay, receive_buffer: int = 4096):
     """A WebSocket client with a small receive buffer and a one-message queue: once it stops reading, the
     relay's writes to it stall."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
-    sock.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", relay.port))
+    sock = await small_buffer_socket(relay.url, receive_buffer)
     return await websockets.connect(relay.url, sock=sock, max_size=None, max_queue=1, ping_interval=None)
 
 
