@@ -40,6 +40,8 @@ class ServerConfig:
     port: int = 7777
     public_url: str = ""
     shutdown_timeout_seconds: float = 10.0
+    ping_interval_seconds: float = 30.0  # a WebSocket ping to each client this often
+    ping_timeout_seconds: float = 30.0  # a client neither answering nor reading this long is closed (1011)
 
 
 @dataclass(frozen=True)
@@ -401,7 +403,8 @@ _MINIMUM_SYNC = {"frame_size_limit": 4096, "fetch_batch": 1, "fetch_in_flight": 
                  "connect_timeout_seconds": 0.1, "backoff_initial_seconds": 0.01, "backoff_max_seconds": 0.01,
                  "lease_seconds": 1.0}
 _SQLITE_MAX_LENGTH = 1_000_000_000  # SQLite's default bound on one string or blob (bytes)
-_MINIMUM = {("server", "port"): 0, ("store", "read_connections"): 1, ("store", "verify_threads"): 1,
+_MINIMUM = {("server", "port"): 0, ("server", "ping_interval_seconds"): 0.1, ("server", "ping_timeout_seconds"): 0.1,
+            ("store", "read_connections"): 1, ("store", "verify_threads"): 1,
             ("store", "max_batch"): 1, ("store", "writer_queue_size"): 1,
             ("store", "max_projector_refusals"): 1, ("store", "projector_rebuild_batch"): 1,
             ("retention", "interval_seconds"): 0.01, ("retention", "batch_size"): 1,

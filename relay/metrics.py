@@ -98,6 +98,8 @@ class _ScrapeCollector:
                                 "answered from a query", value=held)
         yield CounterMetricFamily("relay_slow_readers_disconnected", "connections closed (1008) for not reading "
                                   "live events or stored results in time", value=relay.slow_readers)
+        yield CounterMetricFamily("relay_keepalive_timeouts", "connections closed (1011) for neither answering a "
+                                  "ping nor reading in time", value=relay.keepalive_timeouts)
         if relay.store is not None:
             size = GaugeMetricFamily("relay_database_bytes", "size of the SQLite files: the database (db) and "
                                      "its write-ahead log (wal)", labels=["file"])

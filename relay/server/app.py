@@ -61,6 +61,7 @@ class Relay:
         self.store: Store | None = None
         self.server: Server | None = None
         self.slow_readers = 0
+        self.keepalive_timeouts = 0
         self._conn_ids = itertools.count(1)
         self._background: list[asyncio.Task] = []
         self.sync = None  # relay.sync.scheduler.Scheduler while [[sync.peers]] are configured
@@ -83,7 +84,7 @@ class Relay:
                 self._handle, self.config.server.host, self.config.server.port,
                 process_request=self._process_request,
                 max_size=self.config.limits.max_message_bytes,
-                max_queue=16, compression=None, ping_interval=30, ping_timeout=30,
+                max_queue=16, compression=None, ping_interval=None,  # pings: Connection._keepalive
             )
         except OSError:
             # e.g. the port is taken: release the store's threads, or the process cannot exit.
@@ -175,6 +176,11 @@ class Relay:
         """Count one reader disconnected for not reading live events or stored results in time."""
         self.slow_readers += 1
         log.info("slow_reader_disconnected", total=self.slow_readers)
+
+    def keepalive_timed_out(self) -> None:
+        """Count one connection closed (1011) for neither answering a ping nor reading in time."""
+        self.keepalive_timeouts += 1
+        log.info("keepalive_timeout", total=self.keepalive_timeouts)
 
     def internal_error(self, what: str, exc: BaseException, **fields) -> str:
         """Log an unexpected failure with its traceback; return the client's `error:` message."""

@@ -22,11 +22,11 @@ None when this connection is not limited).
 from __future__ import annotations
 
 import asyncio
-import fcntl
+import socket
 import struct
-import termios
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -75,7 +75,11 @@ _TEXT_FRAME = 0x81
 _LENGTH_16 = struct.Struct("!BBH")
 _LENGTH_64 = struct.Struct("!BBQ")
 _PROGRESS_CHECK_SECONDS = 0.5  # how often a stored-results write waiting on the socket looks for progress
-_SIOCOUTQ = getattr(termios, "TIOCOUTQ", None)  # on a socket: its unsent bytes (Linux: SIOCOUTQ == TIOCOUTQ)
+# Linux's struct tcp_info (netinet/tcp.h): tcpi_bytes_acked, the bytes the peer has acknowledged, is a u64 at 120
+_TCP_INFO = getattr(socket, "TCP_INFO", None)
+_TCP_INFO_BYTES = 256  # room for the whole struct, of whichever kernel version
+_BYTES_ACKED = struct.Struct("=Q")
+_BYTES_ACKED_OFFSET = 120
 # recv() returns buffered frames without suspending: a connection with a backlog yields to the
 # event loop after this long, so other connections' REQs are not queued behind its whole backlog
 _TIME_SLICE_SECONDS = 0.001
@@ -162,6 +166,7 @@ class Connection:
     async def run(self) -> None:
         """Read frames until the socket closes, then release everything held."""
         sender = asyncio.create_task(self._send_queued())
+        keepalive = asyncio.create_task(self._keepalive())
         try:
             if self.relay.access.config.challenge_on_connect:
                 self._challenge()
@@ -181,6 +186,7 @@ class Connection:
             self._closing = True
             self._slot_free.set()  # wakes a drain() waiting for OKs that will never be written
             sender.cancel()
+            keepalive.cancel()
             for sub_id in list(self.subscriptions):
                 self._unsubscribe(sub_id)
             self.negentropy.close_all()
@@ -427,44 +433,81 @@ class Connection:
         was written for `limits.stored_results_timeout_seconds`: a client that asks and never reads must
         not keep its share of the stored-results budget.
 
-        Progress is the unsent bytes (the transport's buffer and the kernel's send queue) going down.
-        Waiting for the socket to become writable is no measure: the kernel reports that only once a
-        third of its send buffer (grown up to 4 MiB) is free, and a client reading a steady 64 kB/s
-        was dropped after about 70 s when each chunk had 15 s to be written.
-
         Raises:
             _StalledReader: the connection is being dropped.
             ConnectionClosed: the socket is closed.
         """
-        unsent, still = None, 0.0
-        waiting = self.send_many(messages)  # writes, then waits while the socket is full
+        if not await self._while_taking(self.send_many(messages), self.ws.drain,
+                                        self._limits.stored_results_timeout_seconds):
+            self.drop_slow_reader("slow reader: stored events not read in time")
+            raise _StalledReader
+
+    async def _while_taking(self, waiting: Awaitable, then: Callable[[], Awaitable], seconds: float) -> bool:
+        """Await `waiting`, looking every 0.5 s whether the peer takes what was written to it: False,
+        `waiting` cancelled, once it has taken nothing for `seconds`; True when `waiting` is done.
+        After each look `then()` is awaited in its place (`waiting` is cancelled by the look).
+
+        Progress is the bytes the peer's TCP acknowledges. Waiting for the socket to become writable
+        is no measure: the kernel reports that only once a third of its send buffer (grown up to 4 MiB)
+        is free, and a client reading a steady 64 kB/s was dropped after about 70 s when each 256 KiB
+        chunk had 15 s to be written. Nor are the unsent bytes going down: other writes (live events, the
+        answer beside a ping) add to them.
+
+        Raises:
+            ConnectionClosed: the socket is closed.
+        """
+        taken, still = self._taken_bytes(), 0.0
         while True:
             try:
                 async with asyncio.timeout(_PROGRESS_CHECK_SECONDS):
                     await waiting
-                return
-            except TimeoutError:  # the written bytes stay with the transport
+                return True
+            except TimeoutError:  # what was written stays with the transport
                 pass
-            now = self._unsent_bytes()
-            still = 0.0 if unsent is None or now < unsent else still + _PROGRESS_CHECK_SECONDS
-            unsent = now
-            if still >= self._limits.stored_results_timeout_seconds:
-                self.drop_slow_reader("slow reader: stored events not read in time")
-                raise _StalledReader
-            waiting = self.ws.drain()  # wait for them to go
+            now = self._taken_bytes()
+            still = 0.0 if now > taken else still + _PROGRESS_CHECK_SECONDS
+            taken = now
+            if still >= seconds:
+                return False
+            waiting = then()
 
-    def _unsent_bytes(self) -> int:
-        """Bytes written but not yet taken by the peer: the transport's buffer, plus the kernel's send
-        queue where the platform tells it (SIOCOUTQ, Linux)."""
+    async def _keepalive(self) -> None:
+        """Ping the peer every `server.ping_interval_seconds` (RFC 6455 section 5.5.2) and close it (1011) when it
+        neither answers nor takes any of what was written to it for `server.ping_timeout_seconds`.
+
+        A ping waits behind every byte written before it, so a client steadily reading a large answer
+        at 60 kB/s got its pong too late for websockets' own keepalive and was cut after 80-108 s.
+        """
+        server = self.relay.config.server
+        while True:
+            await asyncio.sleep(server.ping_interval_seconds)
+            pong = asyncio.ensure_future(self._pong())
+            if not await self._while_taking(asyncio.shield(pong), partial(asyncio.shield, pong),
+                                            server.ping_timeout_seconds):
+                pong.cancel()
+                self.relay.keepalive_timed_out()
+                await self.ws.close(1011, "keepalive ping timeout")
+                return
+
+    async def _pong(self) -> None:
+        try:
+            await (await self.ws.ping())
+        except ConnectionClosed:
+            pass  # run() ends too, and cancels the keepalive
+
+    def _taken_bytes(self) -> int:
+        """A count of bytes that grows as the peer takes what was written to it: its TCP acknowledged
+        bytes (`tcp_info.tcpi_bytes_acked`, Linux 4.1+); elsewhere, minus the transport's unsent bytes."""
         transport = self.ws.transport
-        unsent = transport.get_write_buffer_size()
         sock = transport.get_extra_info("socket")
-        if _SIOCOUTQ is not None and sock is not None:
+        if _TCP_INFO is not None and sock is not None:
             try:
-                unsent += struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQ, b"\0\0\0\0"))[0]
+                info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _TCP_INFO_BYTES)
             except OSError:
-                pass
-        return unsent
+                info = b""
+            if len(info) >= _BYTES_ACKED.size + _BYTES_ACKED_OFFSET:
+                return _BYTES_ACKED.unpack_from(info, _BYTES_ACKED_OFFSET)[0]
+        return -transport.get_write_buffer_size()
 
     async def _count(self, req: CountEnvelope) -> None:
         if refusal := self._read_refusal(req.filters, REQS):

@@ -10,6 +10,7 @@ import time
 
 import websockets
 from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
 
 from relay.server.app import Relay
 from tests.conftest import make_config
@@ -67,9 +68,9 @@ async def test_a_client_gone_mid_send_gives_its_bytes_back(tmp_path, alice):
         await relay.stop()
 
 
-async def _big_answers_relay(tmp_path, alice, **limits) -> Relay:
+async def _big_answers_relay(tmp_path, alice, server: dict | None = None, **limits) -> Relay:
     """A started relay holding 300 events of ~30 kB (9 MB: more than the kernel's socket buffers take)."""
-    relay = Relay(make_config(tmp_path, limits=limits))
+    relay = Relay(make_config(tmp_path, limits=limits, server=server or {}))
     await relay.start()
     writer = await Client.connect(relay.url)
     for i in range(300):
@@ -160,5 +161,30 @@ async def test_a_slow_reader_that_keeps_reading_is_not_dropped(tmp_path, alice):
             await asyncio.sleep(0.25)
         assert got > 60 and relay.slow_readers == 0
         await slow.close()
+    finally:
+        await relay.stop()
+
+
+async def test_a_slow_reader_is_not_closed_by_the_keepalive_while_it_reads(tmp_path, alice):
+    """A client taking one 30 kB event every 0.25 s of a 9 MB answer answers a ping only once it has read the
+    megabytes written before it (over 30 s here). With pings every 1 s and 3 s to answer, the relay keeps
+    its connection open over 30 s: the bytes it acknowledges keep growing. (websockets' own keepalive, which
+    times the pong alone, closed it after about 23 s; the client saw that only 20 s later, having read what
+    the kernel still held.)"""
+    relay = await _big_answers_relay(tmp_path, alice,
+                                     server={"ping_interval_seconds": 1.0, "ping_timeout_seconds": 3.0},
+                                     max_query_bytes=9_500_000, max_stored_results_bytes=20_000_000)
+    try:
+        slow = await _non_reader(relay, receive_buffer=65_536)
+        await slow.send(json.dumps(["REQ", "slow", {"limit": 5000}]))
+        got, deadline = 0, time.monotonic() + 30
+        while time.monotonic() < deadline:
+            message = json.loads(await asyncio.wait_for(slow.recv(), 10))
+            got += message[0] == "EVENT"
+            await asyncio.sleep(0.25)
+        (served,) = relay.connections
+        assert served.ws.state is State.OPEN and got > 90
+        assert relay.keepalive_timeouts == 0 and relay.slow_readers == 0
+        slow.transport.abort()  # a close handshake would wait behind the megabytes still unsent
     finally:
         await relay.stop()
