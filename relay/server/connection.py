@@ -456,7 +456,7 @@ class Connection:
         Raises:
             ConnectionClosed: the socket is closed.
         """
-        taken, still = self._taken_bytes(), 0.0
+        taken, still = None, 0.0  # no baseline before the first look: most writes never wait that long
         while True:
             try:
                 async with asyncio.timeout(_PROGRESS_CHECK_SECONDS):
@@ -465,7 +465,7 @@ class Connection:
             except TimeoutError:  # what was written stays with the transport
                 pass
             now = self._taken_bytes()
-            still = 0.0 if now > taken else still + _PROGRESS_CHECK_SECONDS
+            still = 0.0 if taken is None or now > taken else still + _PROGRESS_CHECK_SECONDS
             taken = now
             if still >= seconds:
                 return False
