@@ -305,6 +305,7 @@ class RateLimitConfig:
     ip_reqs_burst: int = 250
     ip_neg_opens_per_second: float = 5.0
     ip_neg_opens_burst: int = 20
+    ip_stored_results_bytes: int = 67_108_864  # unsent REQ results of one IP's connections together; 0: no bound
     exempt: tuple[str, ...] = ()
     trusted_proxies: tuple[str, ...] = ()
 
@@ -560,6 +561,11 @@ def _check_consistency(config: Config) -> None:
         raise ConfigError(f"limits.max_query_bytes: must be from limits.max_message_bytes ({limits.max_message_bytes})"
                           f" to limits.max_stored_results_bytes ({limits.max_stored_results_bytes}) and at most"
                           f" {_SQLITE_MAX_LENGTH:,}, got {limits.max_query_bytes}")
+    ip_share = config.rate_limits.ip_stored_results_bytes
+    if ip_share and ip_share < limits.max_query_bytes:
+        # one IP's share must hold one answer, or its large REQs would be refused every time
+        raise ConfigError(f"rate_limits.ip_stored_results_bytes: must be 0 (no bound) or at least"
+                          f" limits.max_query_bytes ({limits.max_query_bytes}), got {ip_share}")
     url = config.server.public_url
     if url and (not url.startswith(("ws://", "wss://")) or relay_url_key(url) is None):
         raise ConfigError(f"server.public_url: must be a ws:// or wss:// URL, got {url!r}")

@@ -57,7 +57,6 @@ class Relay:
         self.subscriptions = SubscriptionIndex()
         self.verifier = Verifier(config.store.verify_threads)
         self.access = AccessPolicy(config.auth, config.sync.peers)  # NIP-42 and write rules (server/access.py)
-        self.rate_limits = RateLimits(config.rate_limits)
         self.store: Store | None = None
         self.server: Server | None = None
         self.slow_readers = 0
@@ -69,6 +68,7 @@ class Relay:
         self.connections: set[Connection] = set()  # open ones, for shutdown and metrics
         self.metrics = Metrics(self)  # served at /metrics (relay/metrics.py)
         self.stored_results = ByteBudget(config.limits.max_stored_results_bytes)  # unsent REQ results, all connections
+        self.rate_limits = RateLimits(config.rate_limits, stored_results=self.stored_results)
 
     async def start(self) -> None:
         """Open the store and start listening on `config.server` (port 0: any free port)."""

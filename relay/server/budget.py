@@ -1,27 +1,31 @@
-"""A relay-wide byte budget: memory held by stored REQ results not yet handed to their sockets."""
+"""Byte budgets: memory held by stored REQ results not yet handed to their sockets, relay-wide and per client IP."""
 
 from __future__ import annotations
 
 
 class ByteBudget:
-    """At most `max_bytes` held at once by all holders together (bytes).
+    """At most `max_bytes` held at once by all holders together (bytes), and each byte also taken from
+    `within` (a share of a larger budget: one client IP's of the relay's) when given.
 
     A REQ takes the size of its stored results before sending them and gives
     each chunk back once its socket took it, so results queued for clients
     that do not read cannot grow without bound.  Single-threaded (event loop).
     """
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, within: ByteBudget | None = None) -> None:
         self.max_bytes = max_bytes
+        self.within = within
         self.held = 0
 
     def take(self, n: int) -> bool:
-        """Reserve `n` bytes; False (nothing reserved) when that would pass `max_bytes`."""
-        if self.held + n > self.max_bytes:
+        """Reserve `n` bytes here and in `within`; False (nothing reserved) when that would pass either bound."""
+        if self.held + n > self.max_bytes or (self.within is not None and not self.within.take(n)):
             return False
         self.held += n
         return True
 
     def release(self, n: int) -> None:
-        """Give back `n` bytes taken before."""
+        """Give back `n` bytes taken before (here and in `within`)."""
         self.held -= n
+        if self.within is not None:
+            self.within.release(n)

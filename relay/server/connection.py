@@ -377,8 +377,8 @@ class Connection:
             stored = None
             if sent is None:
                 self._unsubscribe(sub.sub_id)
-                await self.send(encode_closed(sub.sub_id, "rate-limited: the relay holds too many unsent results,"
-                                                          " try again later"))
+                await self.send(encode_closed(sub.sub_id, "rate-limited: too many unsent results held by the relay"
+                                                          " or this address, try again later"))
                 return
             await self.send(encode_eose(sub.sub_id))
             pending, sub.pending = sub.pending, None
@@ -400,16 +400,19 @@ class Connection:
             stored = None
 
     async def _send_stored(self, sub_id: str, stored: list[bytes]) -> set[bytes] | None:
-        """Send stored results in chunks under the relay-wide byte budget, letting go of each chunk once sent.
+        """Send stored results in chunks under the relay-wide byte budget (and the client IP's share of it),
+        letting go of each chunk once sent.
 
         Returns the ids sent (to skip live events already among them), or
-        None, sending nothing, when the results do not fit in the budget.
+        None, sending nothing, when the results do not fit in the budget or the share.
 
         Raises:
             _StalledReader: the peer took nothing for `limits.stored_results_timeout_seconds`; the
                 connection is being dropped as a slow reader and its bytes are given back.
         """
-        budget, held = self.relay.stored_results, sum(map(len, stored))
+        # A limited client's bytes come from its IP's share, and through it from the relay's budget.
+        budget = self.relay.stored_results if self.rate is None else self.rate.stored_results
+        held = sum(map(len, stored))
         if not budget.take(held):
             return None
         try:

@@ -1,9 +1,10 @@
-"""Rate limits per connection and per client IP: token buckets (the `token_bucket` library).
+"""Rate limits per connection and per client IP: token buckets (the `token_bucket` library), and each
+IP's share of the relay's budget for unsent REQ results.
 
 How this works: every limited connection holds a `ConnectionRate` with its
 own buckets (EVENT/AUTH, REQ/COUNT, NEG-OPEN) and the buckets of its client
 IP, shared by all connections from that IP; a message passes when both have
-a token.  An IP's buckets are kept while it has connections open and, after
+a token.  An IP's buckets (and share) are kept while it has connections open and, after
 its last one closes, until they would have refilled anyway
 (`burst / rate` seconds), at most `max_idle_ips` of them, so memory is bounded
 by the open connections.  The client IP is the socket's peer address, or the
@@ -14,12 +15,14 @@ limited at all.
 from __future__ import annotations
 
 import ipaddress
+import sys
 import time
 from collections import OrderedDict
 
 from token_bucket import Limiter, MemoryStorage
 
 from relay.config import RateLimitConfig
+from relay.server.budget import ByteBudget
 
 EVENTS, REQS, NEG_OPENS = 0, 1, 2
 """The limited actions: EVENT and AUTH; REQ and COUNT; NEG-OPEN."""
@@ -58,10 +61,11 @@ class _Buckets:
 
 
 class _IpState:
-    __slots__ = ("buckets", "connections", "idle_since")
+    __slots__ = ("buckets", "stored_results", "connections", "idle_since")
 
-    def __init__(self, buckets: _Buckets) -> None:
+    def __init__(self, buckets: _Buckets, stored_results: ByteBudget) -> None:
         self.buckets = buckets
+        self.stored_results = stored_results
         self.connections = 0
         self.idle_since = 0.0
 
@@ -76,6 +80,11 @@ class ConnectionRate:
         self._own = own
         self._shared = shared
 
+    @property
+    def stored_results(self) -> ByteBudget:
+        """The client IP's share of the relay's budget for unsent REQ results (bytes), for all its connections."""
+        return self._shared.stored_results
+
     def allow(self, action: int) -> bool:
         """Take a token for `action` (EVENTS, REQS, NEG_OPENS); False when over the rate (reply REFUSALS[action])."""
         return self._own.take(action) and self._shared.buckets.take(action)
@@ -84,8 +93,11 @@ class ConnectionRate:
 class RateLimits:
     """`[rate_limits]` for the whole relay: resolves client IPs and hands out `ConnectionRate`s."""
 
-    def __init__(self, config: RateLimitConfig, max_idle_ips: int = MAX_IDLE_IPS) -> None:
+    def __init__(self, config: RateLimitConfig, max_idle_ips: int = MAX_IDLE_IPS,
+                 stored_results: ByteBudget | None = None) -> None:
+        """`stored_results`: the relay-wide budget each IP's share is taken from (None: the shares alone)."""
         self.config = config
+        self._stored_results = stored_results
         self.max_idle_ips = max_idle_ips
         self._exempt = _networks(config.exempt)
         self._trusted = _networks(config.trusted_proxies)
@@ -127,7 +139,8 @@ class RateLimits:
         self._forget_idle()
         state = self._ips.get(ip) or self._idle.pop(ip, None)
         if state is None:
-            state = _IpState(_Buckets(self._per_ip))
+            share = self.config.ip_stored_results_bytes or sys.maxsize
+            state = _IpState(_Buckets(self._per_ip), ByteBudget(share, within=self._stored_results))
         self._ips[ip] = state
         state.connections += 1
         return ConnectionRate(ip, _Buckets(self._own), state)

@@ -143,6 +143,14 @@ def test_max_query_bytes_below_max_message_bytes_is_refused(tmp_path):
         make_config(tmp_path, limits={"max_query_bytes": 1000, "max_message_bytes": 2048})
 
 
+def test_an_ip_share_smaller_than_one_answer_is_refused(tmp_path):
+    """A client IP's share of the stored-results budget below `max_query_bytes` would refuse its large answers
+    every time: a configuration error; 0 (no per-IP bound) is allowed."""
+    with pytest.raises(ConfigError, match=r"rate_limits.ip_stored_results_bytes: must be 0 \(no bound\) or at least"):
+        make_config(tmp_path, rate_limits={"ip_stored_results_bytes": 1_000_000})
+    assert make_config(tmp_path, rate_limits={"ip_stored_results_bytes": 0}).rate_limits.ip_stored_results_bytes == 0
+
+
 async def test_writes_are_acknowledged_while_every_read_connection_is_stuck_mid_query(tmp_path, alice):
     """The only read connection held inside a query (an open snapshot) never stops EVENTs from getting OK true (WAL)."""
     relay = await _relay_with_events(tmp_path, store={"read_connections": 1})

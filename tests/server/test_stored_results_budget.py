@@ -68,9 +68,10 @@ async def test_a_client_gone_mid_send_gives_its_bytes_back(tmp_path, alice):
         await relay.stop()
 
 
-async def _big_answers_relay(tmp_path, alice, server: dict | None = None, **limits) -> Relay:
-    """A started relay holding 300 events of ~30 kB (9 MB: more than the kernel's socket buffers take)."""
-    relay = Relay(make_config(tmp_path, limits=limits, server=server or {}))
+async def _big_answers_relay(tmp_path, alice, **sections) -> Relay:
+    """A started relay (`sections` as for make_config) holding 300 events of ~30 kB (9 MB: more than the
+    kernel's socket buffers take)."""
+    relay = Relay(make_config(tmp_path, **sections))
     await relay.start()
     writer = await Client.connect(relay.url)
     for i in range(300):
@@ -79,11 +80,11 @@ async def _big_answers_relay(tmp_path, alice, server: dict | None = None, **limi
     return relay
 
 
-async def _non_reader(relay: Relay, receive_buffer: int = 4096):
+async def _non_reader(relay: Relay, receive_buffer: int = 4096, **kwargs):
     """A WebSocket client with a small receive buffer and a one-message queue: once it stops reading, the
-    relay's writes to it stall."""
+    relay's writes to it stall. `kwargs` go to websockets.connect."""
     sock = await small_buffer_socket(relay.url, receive_buffer)
-    return await websockets.connect(relay.url, sock=sock, max_size=None, max_queue=1, ping_interval=None)
+    return await websockets.connect(relay.url, sock=sock, max_size=None, max_queue=1, ping_interval=None, **kwargs)
 
 
 async def _answer(client: Client, sub_id: str) -> tuple[str, int]:
@@ -98,8 +99,9 @@ async def _answer(client: Client, sub_id: str) -> tuple[str, int]:
 async def test_a_reader_that_never_reads_its_stored_results_is_dropped_and_frees_the_budget(tmp_path, alice):
     """A client whose REQ holds most of the budget and that never reads: after `stored_results_timeout_seconds`
     with its socket full it is closed (1008) and counted, and another client's large REQ is then served."""
-    relay = await _big_answers_relay(tmp_path, alice, max_stored_results_bytes=12_000_000, max_query_bytes=8_000_000,
-                                     stored_results_timeout_seconds=2.0)
+    relay = await _big_answers_relay(tmp_path, alice, limits={"max_stored_results_bytes": 12_000_000,
+                                                              "max_query_bytes": 8_000_000,
+                                                              "stored_results_timeout_seconds": 2.0})
     try:
         stalled = await _non_reader(relay)
         await stalled.send(json.dumps(["REQ", "big", {"limit": 5000}]))  # 8 MB of the 12 MB budget; never read
@@ -125,11 +127,41 @@ async def test_a_reader_that_never_reads_its_stored_results_is_dropped_and_frees
         await relay.stop()
 
 
+async def test_one_address_holds_its_share_of_the_budget_and_others_are_served(tmp_path, alice):
+    """Rate-limited clients (behind a trusted proxy, by X-Forwarded-For): a non-reader from one address holds
+    a 6 MB answer, its address's whole share (`rate_limits.ip_stored_results_bytes`); that address's next REQ
+    is refused (rate-limited:) though the relay's budget has room, while another address is served."""
+    relay = await _big_answers_relay(tmp_path, alice,
+                                     limits={"max_stored_results_bytes": 20_000_000, "max_query_bytes": 6_000_000,
+                                             "stored_results_timeout_seconds": 60.0},
+                                     rate_limits={"exempt": [], "trusted_proxies": ["127.0.0.1"],
+                                                  "events_per_second": 0.0, "ip_events_per_second": 0.0,
+                                                  "ip_stored_results_bytes": 6_000_000})
+    try:
+        stalled = await _non_reader(relay, additional_headers={"X-Forwarded-For": "198.51.100.1"})
+        await stalled.send(json.dumps(["REQ", "big", {"limit": 5000}]))
+        assert await eventually(lambda: relay.stored_results.held > 1_000_000)  # past what the kernel takes
+        same = await Client.connect(relay.url, additional_headers={"X-Forwarded-For": "198.51.100.1"})
+        await same.send(["REQ", "same", {"limit": 5000}])
+        reply = await same.recv()
+        assert reply[:2] == ["CLOSED", "same"] and reply[2].startswith("rate-limited: "), reply
+        other = await Client.connect(relay.url, additional_headers={"X-Forwarded-For": "198.51.100.2"})
+        verb, got = await _answer(other, "other")
+        assert verb == "EOSE" and 150 < got < 200  # the newest events of ~30.3 kB that fit in 6 MB
+        assert 0 < relay.stored_results.held <= 6_000_000
+        for client in (same, other):
+            await client.close()
+        stalled.transport.abort()  # a close handshake would wait behind the megabytes still unsent
+    finally:
+        await relay.stop()
+
+
 async def test_one_connection_holds_one_answer_of_the_budget_at_a_time(tmp_path, alice):
     """Four 6 MB REQs on one connection that never reads hold one answer's bytes at a time, not 12 MB of the
     budget: another client's REQ of the same size is served at once (long before any timeout)."""
-    relay = await _big_answers_relay(tmp_path, alice, max_stored_results_bytes=12_000_000, max_query_bytes=6_000_000,
-                                     stored_results_timeout_seconds=60.0)
+    relay = await _big_answers_relay(tmp_path, alice, limits={"max_stored_results_bytes": 12_000_000,
+                                                              "max_query_bytes": 6_000_000,
+                                                              "stored_results_timeout_seconds": 60.0})
     try:
         stalled = await _non_reader(relay)
         for k in range(4):
@@ -149,8 +181,9 @@ async def test_a_slow_reader_that_keeps_reading_is_not_dropped(tmp_path, alice):
     up to ~3 s apart) of a 9 MB answer is not dropped with `stored_results_timeout_seconds` = 8, over 20 s:
     the relay's writes wait longer than that on the socket (the kernel reports it writable only once a third
     of its send buffer is free), but the bytes it has not delivered keep going down."""
-    relay = await _big_answers_relay(tmp_path, alice, max_query_bytes=9_500_000, max_stored_results_bytes=20_000_000,
-                                     stored_results_timeout_seconds=8.0)
+    relay = await _big_answers_relay(tmp_path, alice, limits={"max_query_bytes": 9_500_000,
+                                                              "max_stored_results_bytes": 20_000_000,
+                                                              "stored_results_timeout_seconds": 8.0})
     try:
         slow = await _non_reader(relay, receive_buffer=212_992)
         await slow.send(json.dumps(["REQ", "slow", {"limit": 5000}]))
@@ -173,7 +206,7 @@ async def test_a_slow_reader_is_not_closed_by_the_keepalive_while_it_reads(tmp_p
     the kernel still held.)"""
     relay = await _big_answers_relay(tmp_path, alice,
                                      server={"ping_interval_seconds": 1.0, "ping_timeout_seconds": 3.0},
-                                     max_query_bytes=9_500_000, max_stored_results_bytes=20_000_000)
+                                     limits={"max_query_bytes": 9_500_000, "max_stored_results_bytes": 20_000_000})
     try:
         slow = await _non_reader(relay, receive_buffer=65_536)
         await slow.send(json.dumps(["REQ", "slow", {"limit": 5000}]))
