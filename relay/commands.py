@@ -12,6 +12,7 @@ from relay.config import Config
 from relay.protocol.envelopes import loads
 from relay.protocol.filters import parse_filter
 from relay.protocol.rejection import Rejection
+from relay.server.access import AccessPolicy
 from relay.store.store import Store
 from relay.transfer import import_lines
 
@@ -34,7 +35,7 @@ async def run_import(config: Config, path: Path) -> int:
                           console=console, disable=not console.is_terminal) as bar:
                 task = bar.add_task("import", total=total)
                 report = await import_lines(store, source, config.limits.event_limits(), config.store.verify_threads,
-                                            lambda n: bar.advance(task, n))
+                                            lambda n: bar.advance(task, n), AccessPolicy(config.auth).check_kind)
     finally:
         await store.close()
     print(f"read {report.total}: stored {report.stored}, duplicate {report.duplicate}, "

@@ -1,8 +1,9 @@
 """`relay import`: JSONL into the store.
 
 Import validates every line exactly as a client's EVENT (shape, id, BIP-340
-signature, policies) and writes through the same writer, so the outcome
-counts are those a client would have been told in its OK replies.
+signature, policies, the `[auth]` kind rules; not who may publish: the
+operator imports) and writes through the same writer, so the outcome counts
+are those a client would have been told in its OK replies.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -47,9 +48,11 @@ class ImportReport:
             self.stored += 1
 
 
-def _parse_line(line: bytes, limits: EventLimits, now: float) -> Event:
+def _parse_line(line: bytes, limits: EventLimits, now: float, check_kind: Callable[[int], None] | None) -> Event:
     event = parse_event(loads(line), limits, now)
     policies.check_event(event, now)
+    if check_kind is not None:
+        check_kind(event.kind)
     return event
 
 
@@ -58,10 +61,11 @@ def _verified(events: list[Event]) -> list[bool]:
 
 
 async def import_lines(store: Store, lines: Iterable[bytes], limits: EventLimits,
-                       threads: int = 2, progress=None) -> ImportReport:
+                       threads: int = 2, progress=None, check_kind: Callable[[int], None] | None = None) -> ImportReport:
     """Validate and store each non-blank JSONL line (one event object per line).
 
-    `progress(n)` is called with the number of lines done after each chunk.
+    `progress(n)` is called with the number of lines done after each chunk; `check_kind(kind)` raises
+    a Rejection for a kind not accepted (`AccessPolicy.check_kind`; None: every kind).
     """
     report = ImportReport()
     loop = asyncio.get_running_loop()
@@ -71,21 +75,21 @@ async def import_lines(store: Store, lines: Iterable[bytes], limits: EventLimits
             if line.strip():
                 chunk.append(line)
             if len(chunk) >= CHUNK_LINES:
-                await _import_chunk(store, chunk, limits, loop, pool, threads, report)
+                await _import_chunk(store, chunk, limits, check_kind, loop, pool, threads, report)
                 progress and progress(len(chunk))
                 chunk = []
         if chunk:
-            await _import_chunk(store, chunk, limits, loop, pool, threads, report)
+            await _import_chunk(store, chunk, limits, check_kind, loop, pool, threads, report)
             progress and progress(len(chunk))
     return report
 
 
-async def _import_chunk(store, chunk, limits, loop, pool, threads, report) -> None:
+async def _import_chunk(store, chunk, limits, check_kind, loop, pool, threads, report) -> None:
     now = time.time()
     events: list[Event] = []
     for line in chunk:
         try:
-            events.append(_parse_line(line, limits, now))
+            events.append(_parse_line(line, limits, now, check_kind))
         except Rejection as rejection:
             report.add(False, str(rejection))
     size = max(1, -(-len(events) // threads))

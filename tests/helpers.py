@@ -118,6 +118,20 @@ class Client:
         await self.ws.close()
 
 
+def tcp_sockets(local_port: int, remote_port: int) -> list[tuple[int, int]]:
+    """(state, bytes in the send queue) of each kernel TCP socket from `local_port` to `remote_port`
+    (/proc/net/tcp and tcp6, Linux; state 1 is ESTABLISHED, 4 FIN-WAIT-1)."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in list(f)[1:]:
+                fields = line.split()
+                local, remote, state, queues = fields[1], fields[2], fields[3], fields[4]
+                if int(local.rsplit(":", 1)[1], 16) == local_port and int(remote.rsplit(":", 1)[1], 16) == remote_port:
+                    found.append((int(state, 16), int(queues.split(":")[0], 16)))
+    return found
+
+
 async def small_buffer_socket(url: str, receive_buffer: int = 4096) -> socket.socket:
     """A TCP socket connected to `url` (ws://host:port) with a small kernel receive buffer, for
     `websockets.connect(url, sock=...)`: once its client stops reading, the relay's writes to it stall."""

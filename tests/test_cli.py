@@ -222,6 +222,23 @@ def test_import_counts_each_outcome_with_its_reason(tmp_path):
     assert export_ids(db) == [good["id"]]
 
 
+def test_import_keeps_out_the_kinds_the_relay_does_not_accept(tmp_path):
+    """`[auth] deny_kinds` (and `allow_kinds`) hold for imported lines as for a client's EVENT: "blocked:"."""
+    alice = Keys(0xA11CE)
+    note, reaction, profile = (alice.sign(kind=k, content=str(k)) for k in (1, 7, 0))
+    config = tmp_path / "relay.toml"
+    config.write_text("[auth]\nallow_kinds = [0, 1, 7]\ndeny_kinds = [7]\n")
+    db = tmp_path / "kinds.db"
+    result = relay_cli("import", "-", "--config", config, "--db", db,
+                       stdin="".join(json.dumps(e) + "\n" for e in (note, reaction, profile,
+                                                                    alice.sign(kind=3, content="3"))).encode())
+    assert result.returncode == 0, result.stderr
+    report = parse_report(result.stdout)
+    assert (report.total, report.stored, report.rejected) == (4, 2, 2)
+    assert report.reasons == Counter({"blocked: kind 7 is not accepted here": 1, "blocked: kind 3 is not accepted here": 1})
+    assert sorted(export_ids(db)) == sorted([note["id"], profile["id"]])
+
+
 def test_import_of_a_missing_file_exits_2(tmp_path):
     """`relay import` of a file that does not exist exits 2 naming the file."""
     result = relay_cli("import", tmp_path / "nope.jsonl", "--db", tmp_path / "x.db")

@@ -36,6 +36,15 @@ class AccessPolicy:
             if peer.pubkey:
                 self.peer_urls.setdefault(peer.pubkey, peer.url)  # one node at two URLs: the first is its origin
 
+    def check_kind(self, kind: int) -> None:
+        """Refuse a kind that `[auth] allow_kinds` / `deny_kinds` keep out, whoever sends it.
+
+        Raises:
+            Rejection: "blocked:".
+        """
+        if (self.allow_kinds is not None and kind not in self.allow_kinds) or kind in self.deny_kinds:
+            raise Rejection("blocked", f"kind {kind} is not accepted here")
+
     def check_write(self, event: Event, pubkeys: set[str]) -> None:
         """Refuse `event` unless `[auth]` lets a connection authenticated as `pubkeys` publish it.
 
@@ -43,9 +52,7 @@ class AccessPolicy:
             Rejection: "blocked:" for a kind not accepted, "auth-required:" when
             authenticating could help, "restricted:" when it did not.
         """
-        kind = event.kind
-        if (self.allow_kinds is not None and kind not in self.allow_kinds) or kind in self.deny_kinds:
-            raise Rejection("blocked", f"kind {kind} is not accepted here")
+        self.check_kind(event.kind)
         write = self.config.write
         if write == "all" or (write == "listed" and event.pubkey in self.write_pubkeys):
             return

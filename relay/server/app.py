@@ -41,6 +41,7 @@ from relay.store.writes import Changes
 log = structlog.get_logger(__name__)
 
 _SWITCH_INTERVAL_SECONDS = 0.0005
+_RESET_SECONDS = 1.0  # at shutdown, for reset connections' handlers to return
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 _MMAP_THRESHOLD_BYTES = 1_048_576
 # GET only: websockets answers any other method 405 itself, and a NIP-11 fetch needs no preflight
@@ -117,7 +118,8 @@ class Relay:
 
         Stop accepting; each connection stops reading, waits until every EVENT
         it took has been committed and its OK written, and closes with 1001;
-        connections still open at the deadline are closed with 1001 as they are.
+        connections still open at the deadline are sent 1001 as they are, then
+        reset without waiting for the peer's close (RST, unsent bytes dropped).
         The store then commits whatever is still queued (peer sync, stragglers).
         """
         deadline = asyncio.get_running_loop().time() + self.config.server.shutdown_timeout_seconds
@@ -132,6 +134,9 @@ class Relay:
                 await self._within(deadline, asyncio.gather(*drains, return_exceptions=True), "drain")
             self.server.close(close_connections=True)  # 1001 to whoever is left
             await self._within(deadline, self.server.wait_closed(), "close")
+            for connection in list(self.connections):  # past the deadline: not waiting for their close handshake
+                connection.reset()
+            await self._within(asyncio.get_running_loop().time() + _RESET_SECONDS, self.server.wait_closed(), "reset")
         if self.store is not None:
             await self.store.close()
         self.verifier.close()

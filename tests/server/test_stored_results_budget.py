@@ -14,7 +14,7 @@ from websockets.protocol import State
 
 from relay.server.app import Relay
 from tests.conftest import make_config
-from tests.helpers import Client, eventually, small_buffer_socket
+from tests.helpers import Client, eventually, small_buffer_socket, tcp_sockets
 
 
 async def test_results_past_the_budget_are_refused_and_every_byte_comes_back(tmp_path, alice):
@@ -152,6 +152,27 @@ async def test_one_address_holds_its_share_of_the_budget_and_others_are_served(t
         for client in (same, other):
             await client.close()
         stalled.transport.abort()  # a close handshake would wait behind the megabytes still unsent
+    finally:
+        await relay.stop()
+
+
+async def test_a_dropped_non_reader_is_counted_once_and_its_unsent_bytes_are_discarded(tmp_path, alice):
+    """A client that asks for 8 MB and never reads is overdue both for its stored results (1 s) and for its
+    pongs (pings every 0.5 s, 1 s to answer): it is dropped and counted once, as one or the other. When
+    the relay stops waiting for its close handshake (websockets' close timeout, 10 s), the connection is
+    reset: no socket is left in the kernel holding the megabytes it never took."""
+    relay = await _big_answers_relay(tmp_path, alice, server={"ping_interval_seconds": 0.5, "ping_timeout_seconds": 1.0},
+                                     limits={"max_stored_results_bytes": 12_000_000, "max_query_bytes": 8_000_000,
+                                             "stored_results_timeout_seconds": 1.0})
+    try:
+        stalled = await _non_reader(relay)
+        client_port = stalled.transport.get_extra_info("sockname")[1]
+        await stalled.send(json.dumps(["REQ", "big", {"limit": 5000}]))
+        assert await eventually(lambda: relay.slow_readers + relay.keepalive_timeouts > 0)
+        assert await eventually(lambda: not relay.connections, timeout=30)
+        assert relay.slow_readers + relay.keepalive_timeouts == 1
+        assert tcp_sockets(relay.port, client_port) == []
+        stalled.transport.abort()
     finally:
         await relay.stop()
 
