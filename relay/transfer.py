@@ -60,8 +60,8 @@ def _verified(events: list[Event]) -> list[bool]:
     return [verify_signature(e) for e in events]
 
 
-async def import_lines(store: Store, lines: Iterable[bytes], limits: EventLimits,
-                       threads: int = 2, progress=None, check_kind: Callable[[int], None] | None = None) -> ImportReport:
+async def import_lines(store: Store, lines: Iterable[bytes], limits: EventLimits, threads: int = 2,
+                       progress=None, check_kind: Callable[[int], None] | None = None) -> ImportReport:
     """Validate and store each non-blank JSONL line (one event object per line).
 
     `progress(n)` is called with the number of lines done after each chunk; `check_kind(kind)` raises

@@ -118,6 +118,28 @@ class Client:
         await self.ws.close()
 
 
+async def raw_websocket(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A TCP connection to the relay on loopback `port` that has done the WebSocket handshake and nothing
+    else: the caller reads raw frames, or nothing at all (no pong, no close)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: relay\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                 b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).startswith(b"HTTP/1.1 101")
+    return reader, writer
+
+
+async def read_until_reset(reader: asyncio.StreamReader, timeout: float) -> bytes:
+    """Every byte `reader` gets until the peer resets the connection; fails on a clean end of stream, or
+    when nothing comes for `timeout` seconds."""
+    data = b""
+    try:
+        while chunk := await asyncio.wait_for(reader.read(65536), timeout):
+            data += chunk
+    except ConnectionResetError:
+        return data
+    raise AssertionError(f"the connection ended without a reset, after {len(data)} bytes")
+
+
 def tcp_sockets(local_port: int, remote_port: int) -> list[tuple[int, int]]:
     """(state, bytes in the send queue) of each kernel TCP socket from `local_port` to `remote_port`
     (/proc/net/tcp and tcp6, Linux; state 1 is ESTABLISHED, 4 FIN-WAIT-1)."""

@@ -235,7 +235,8 @@ def test_import_keeps_out_the_kinds_the_relay_does_not_accept(tmp_path):
     assert result.returncode == 0, result.stderr
     report = parse_report(result.stdout)
     assert (report.total, report.stored, report.rejected) == (4, 2, 2)
-    assert report.reasons == Counter({"blocked: kind 7 is not accepted here": 1, "blocked: kind 3 is not accepted here": 1})
+    assert report.reasons == Counter({"blocked: kind 7 is not accepted here": 1,
+                                      "blocked: kind 3 is not accepted here": 1})
     assert sorted(export_ids(db)) == sorted([note["id"], profile["id"]])
 
 

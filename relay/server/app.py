@@ -122,33 +122,34 @@ class Relay:
         reset without waiting for the peer's close (RST, unsent bytes dropped).
         The store then commits whatever is still queued (peer sync, stragglers).
         """
-        deadline = asyncio.get_running_loop().time() + self.config.server.shutdown_timeout_seconds
+        loop, timeout = asyncio.get_running_loop(), self.config.server.shutdown_timeout_seconds
+        deadline = loop.time() + timeout
         for task in self._background:
             task.cancel()
         if self.sync is not None:  # peer sync first: it releases its leases and stops writing
-            await self._within(deadline, self.sync.stop(), "sync")
+            await self._within(deadline, self.sync.stop(), "sync", timeout)
         if self.server is not None:
             self.server.server.close()  # the listening sockets only: open connections drain first
             drains = [c.drain() for c in list(self.connections)]
             if drains:
-                await self._within(deadline, asyncio.gather(*drains, return_exceptions=True), "drain")
+                await self._within(deadline, asyncio.gather(*drains, return_exceptions=True), "drain", timeout)
             self.server.close(close_connections=True)  # 1001 to whoever is left
-            await self._within(deadline, self.server.wait_closed(), "close")
+            await self._within(deadline, self.server.wait_closed(), "close", timeout)
             for connection in list(self.connections):  # past the deadline: not waiting for their close handshake
                 connection.reset()
-            await self._within(asyncio.get_running_loop().time() + _RESET_SECONDS, self.server.wait_closed(), "reset")
+            await self._within(loop.time() + _RESET_SECONDS, self.server.wait_closed(), "reset", _RESET_SECONDS)
         if self.store is not None:
             await self.store.close()
         self.verifier.close()
         log.info("relay_stopped")
 
-    async def _within(self, deadline: float, step: Awaitable, name: str) -> None:
-        """Await `step` until the loop time `deadline`; past it, cancel it and log `shutdown_timeout`."""
+    async def _within(self, deadline: float, step: Awaitable, name: str, seconds: float) -> None:
+        """Await `step` until the loop time `deadline` (`seconds` after it began); past it, cancel it and
+        log `shutdown_timeout`."""
         try:
             await asyncio.wait_for(step, max(0.0, deadline - asyncio.get_running_loop().time()))
         except TimeoutError:
-            log.warning("shutdown_timeout", step=name, waited_seconds=self.config.server.shutdown_timeout_seconds,
-                        open_connections=len(self.connections))
+            log.warning("shutdown_timeout", step=name, waited_seconds=seconds, open_connections=len(self.connections))
 
     def accept(self, event: Event, done: Callable[[bool, str], None], origin: str = "") -> None:
         """Store a validated event (ephemeral kinds only go live); `done(accepted, message)` gets the OK.

@@ -58,6 +58,7 @@ from relay.protocol.filters import Filter
 from relay.protocol.rejection import Rejection
 from relay.server import policies
 from relay.server.access import ConnectionAccess
+from relay.server.budget import ByteBudget
 from relay.server.ratelimit import EVENTS, NEG_OPENS, REFUSALS, REQS
 
 if TYPE_CHECKING:
@@ -368,19 +369,17 @@ class Connection:
             # One stored answer at a time per connection, from query to last chunk sent: a client
             # cannot hold every read connection, nor more than one answer of the budget.
             async with self._query_slot:
+                budget = self._stored_results_budget()
+                if refusal := self._over_budget(budget, 1):  # full: refused before the query, not after it
+                    raise refusal
                 with self.relay.metrics.req_seconds.time():
                     stored = await self.relay.store.query(sub.filters, self._limits.default_limit,
                                                           self._limits.max_limit, self.access.private,
                                                           self._limits.max_query_rows,
                                                           self._limits.query_timeout_seconds,
                                                           self._limits.max_query_bytes)
-                sent = await self._send_stored(sub.sub_id, stored)
+                sent = await self._send_stored(sub.sub_id, stored, budget)
             stored = None
-            if sent is None:
-                self._unsubscribe(sub.sub_id)
-                await self.send(encode_closed(sub.sub_id, "rate-limited: too many unsent results held by the relay"
-                                                          " or this address, try again later"))
-                return
             await self.send(encode_eose(sub.sub_id))
             pending, sub.pending = sub.pending, None
             if pending:
@@ -400,22 +399,32 @@ class Connection:
             # A cancelled task keeps its frame alive through the exception: let go of the results now.
             stored = None
 
-    async def _send_stored(self, sub_id: str, stored: list[bytes]) -> set[bytes] | None:
-        """Send stored results in chunks under the relay-wide byte budget (and the client IP's share of it),
-        letting go of each chunk once sent.
+    def _stored_results_budget(self) -> ByteBudget:
+        # A limited client's bytes come from its IP's share, and through it from the relay's budget.
+        return self.relay.stored_results if self.rate is None else self.rate.stored_results
 
-        Returns the ids sent (to skip live events already among them), or
-        None, sending nothing, when the results do not fit in the budget or the share.
+    def _over_budget(self, budget: ByteBudget, size: int) -> Rejection | None:
+        """The "rate-limited:" refusal when `size` more bytes would pass the client IP's share or the relay's
+        budget; None when they fit."""
+        if budget is not self.relay.stored_results and budget.held + size > budget.max_bytes:
+            return Rejection("rate-limited", "too many unsent results held for this address, read them first")
+        relay = self.relay.stored_results
+        if relay.held + size > relay.max_bytes:
+            return Rejection("rate-limited", "the relay holds too many unsent results, try again later")
+        return None
+
+    async def _send_stored(self, sub_id: str, stored: list[bytes], budget: ByteBudget) -> set[bytes]:
+        """Send stored results in chunks under `budget` (the relay's, or the client IP's share of it),
+        letting go of each chunk once sent; returns the ids sent (to skip live events already among them).
 
         Raises:
+            Rejection: "rate-limited:", nothing sent: the results do not fit in the budget.
             _StalledReader: the peer took nothing for `limits.stored_results_timeout_seconds`; the
                 connection is being dropped as a slow reader and its bytes are given back.
         """
-        # A limited client's bytes come from its IP's share, and through it from the relay's budget.
-        budget = self.relay.stored_results if self.rate is None else self.rate.stored_results
         held = sum(map(len, stored))
         if not budget.take(held):
-            return None
+            raise self._over_budget(budget, held)
         try:
             sent = {raw[_ID_SLICE] for raw in stored}
             stored.reverse()  # chunks are popped from the end, so each is freed once sent
@@ -589,7 +598,7 @@ class Connection:
             async with asyncio.timeout(self.ws.close_timeout):
                 await self.ws.close(code, reason)
         except TimeoutError:
-            self.ws.transport.abort()
+            self.reset()
 
     def reset(self) -> None:
         """End the TCP connection now (RST), discarding whatever it has not sent: shutdown's deadline passed."""

@@ -95,9 +95,9 @@ class RateLimits:
 
     def __init__(self, config: RateLimitConfig, max_idle_ips: int = MAX_IDLE_IPS,
                  stored_results: ByteBudget | None = None) -> None:
-        """`stored_results`: the relay-wide budget each IP's share is taken from (None: the shares alone)."""
+        """`stored_results`: the relay-wide budget each IP's share is taken from (None: no relay-wide bound)."""
         self.config = config
-        self._stored_results = stored_results
+        self._stored_results = stored_results or ByteBudget(sys.maxsize)
         self.max_idle_ips = max_idle_ips
         self._exempt = _networks(config.exempt)
         self._trusted = _networks(config.trusted_proxies)
@@ -139,8 +139,9 @@ class RateLimits:
         self._forget_idle()
         state = self._ips.get(ip) or self._idle.pop(ip, None)
         if state is None:
-            share = self.config.ip_stored_results_bytes or sys.maxsize
-            state = _IpState(_Buckets(self._per_ip), ByteBudget(share, within=self._stored_results))
+            share = self.config.ip_stored_results_bytes  # 0: no share, only the relay's budget
+            budget = ByteBudget(share, within=self._stored_results) if share else self._stored_results
+            state = _IpState(_Buckets(self._per_ip), budget)
         self._ips[ip] = state
         state.connections += 1
         return ConnectionRate(ip, _Buckets(self._own), state)

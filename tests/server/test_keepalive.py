@@ -3,15 +3,11 @@ a client that neither answers pings nor reads is closed (1011) and counted; one 
 
 from __future__ import annotations
 
-import asyncio
 import struct
 
 from relay.server.app import Relay
 from tests.conftest import make_config
-from tests.helpers import Client
-
-_UPGRADE = (b"GET / HTTP/1.1\r\nHost: relay\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+from tests.helpers import Client, raw_websocket, read_until_reset
 
 
 def _frames(data: bytes) -> list[tuple[int, bytes]]:
@@ -27,18 +23,15 @@ def _frames(data: bytes) -> list[tuple[int, bytes]]:
 
 async def test_a_client_that_never_answers_a_ping_is_closed_and_one_that_does_stays(tmp_path, alice):
     """Pings every 0.5 s, 1 s to answer: a peer that completed the handshake and then reads nothing gets
-    pings, then a close frame 1011 "keepalive ping timeout", and the relay ends the connection (websockets'
-    close timeout, 10 s, after the close frame); a websockets
+    pings, then a close frame 1011 "keepalive ping timeout", and the relay resets the connection (when it
+    has not answered the close within websockets' close timeout, 10 s); a websockets
     client (it answers pings) connected as long is still served."""
     relay = Relay(make_config(tmp_path, server={"ping_interval_seconds": 0.5, "ping_timeout_seconds": 1.0}))
     await relay.start()
     try:
         answering = await Client.connect(relay.url)
-        reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
-        writer.write(_UPGRADE)
-        await writer.drain()
-        assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).startswith(b"HTTP/1.1 101")
-        frames = _frames(await asyncio.wait_for(reader.read(), 15))  # to the relay's end of the connection
+        reader, writer = await raw_websocket(relay.port)
+        frames = _frames(await read_until_reset(reader, 15))
         writer.close()
         opcode, payload = frames[-1]
         assert opcode == 0x8 and struct.unpack("!H", payload[:2])[0] == 1011, frames

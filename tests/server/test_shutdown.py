@@ -13,7 +13,7 @@ from websockets.exceptions import ConnectionClosed
 
 from relay.server.app import Relay
 from tests.conftest import make_config
-from tests.helpers import Client, Keys, eventually
+from tests.helpers import Client, Keys, eventually, raw_websocket, read_until_reset
 from tests.served import Served, clean_env, free_port
 
 PUBLISHERS = 3
@@ -81,16 +81,11 @@ async def test_past_the_shutdown_timeout_a_peer_that_never_closes_is_reset(tmp_p
     shutdown_timeout_seconds = 1 its connection ends when stop() returns, not at websockets' close timeout (10 s)."""
     relay = Relay(make_config(tmp_path, server={"shutdown_timeout_seconds": 1.0}))
     await relay.start()
-    reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
-    writer.write(b"GET / HTTP/1.1\r\nHost: relay\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                 b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
-    assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).startswith(b"HTTP/1.1 101")
+    reader, writer = await raw_websocket(relay.port)
     assert await eventually(lambda: len(relay.connections) == 1)
     await asyncio.wait_for(relay.stop(), 30)  # a bound for a hang, not a speed target
     assert not relay.connections
-    with pytest.raises(ConnectionResetError):  # reset: what the relay still held for it is dropped
-        while await asyncio.wait_for(reader.read(65536), 2):  # (the 1001 close frame, unread, comes first)
-            pass
+    await read_until_reset(reader, 2)  # (the 1001 close frame, unread, comes first)
     writer.close()
 
 
