@@ -4,7 +4,8 @@ against the same REQs on the idle relay; prints the ratio (target: within 3x).
     .venv/bin/python bench/overload.py                               # ~3 min on a quiet machine
     .venv/bin/python bench/overload.py --n 5000 --capacity-seconds 3 --reps 10 --fresh 20000   # smoke run
 
-One relay (ours, fresh: `relay import` of the first --n bench events, as stores.py does), then:
+One relay (ours, or --relay nostr-relay for the reference; loaded with the first --n bench events as
+stores.py does), then:
 1. unloaded: the REQs of query.py (author feed, kind since, thread, mentions, one id, 100 ids; each
    --reps times on its own connection, every event parsed), p50/p99 of REQ -> EOSE;
 2. capacity: ingest.run_ingest of new events (the next ones of the same seed), --conns connections at
@@ -88,6 +89,8 @@ def main() -> int:
     ap.add_argument("--conns", type=int, default=4, help="connections measuring ingest capacity (default 4)")
     ap.add_argument("--capacity-seconds", type=float, default=10.0, help="length of the capacity phase")
     ap.add_argument("--reps", type=int, default=100, help="repetitions of each REQ per phase (default 100)")
+    ap.add_argument("--relay", choices=["ours", "nostr-relay"], default="ours",
+                    help="the relay measured (default ours; nostr-relay: the PyPI reference, stores.py)")
     args = ap.parse_args()
 
     lines = events.load(args.n + args.fresh)
@@ -97,12 +100,13 @@ def main() -> int:
     store = query.model_store(stored)
     # a thread that the new events do not extend: loaded and unloaded answers hold the same events
     targets = query.pick_targets(store, later=[orjson.loads(line) for line in fresh])
-    srv, info = stores.start_loaded("ours", args.n)
+    srv, info = stores.start_loaded(args.relay, args.n)
+    loop_pid = common.tree_pids(srv.pid)[-1]  # the process serving WebSockets (nostr-relay: gunicorn's worker)
     try:
         common.install_uvloop()
-        idle_loop0, idle_t0 = common.thread_schedstat(srv.pid), time.perf_counter()
+        idle_loop0, idle_t0 = common.thread_schedstat(loop_pid), time.perf_counter()
         idle = latencies(srv.url, targets, store, args.reps)
-        idle_wait = (common.thread_schedstat(srv.pid)[1] - idle_loop0[1]) / (time.perf_counter() - idle_t0)
+        idle_wait = (common.thread_schedstat(loop_pid)[1] - idle_loop0[1]) / (time.perf_counter() - idle_t0)
         capacity = ingest.run_ingest(srv.url, for_capacity, args.conns, 1000, srv.pid, args.capacity_seconds, 30.0)
         rate = capacity["eps"] / 2
         print(f"ingest capacity: {capacity['eps']:,.0f} events/s OK true ({ingest.fmt(capacity)})", flush=True)
@@ -110,7 +114,7 @@ def main() -> int:
         stop, out = ctx.Event(), ctx.Queue()
         publisher = ctx.Process(target=_paced_process, args=(srv.url, for_load, rate, stop, out), daemon=True)
         cpu0, busy0, t0 = common.cpu_seconds(srv.pid), common.system_busy(), time.perf_counter()
-        loop0 = common.thread_schedstat(srv.pid)
+        loop0 = common.thread_schedstat(loop_pid)
         publisher.start()
         try:
             time.sleep(1.0)  # the publisher reaches its pace
@@ -121,7 +125,7 @@ def main() -> int:
             publisher.join(10)
         wall = time.perf_counter() - t0
         relay_cores, busy_cores = (common.cpu_seconds(srv.pid) - cpu0) / wall, (common.system_busy() - busy0) / wall
-        loop_cpu, loop_wait = ((b - a) / wall for a, b in zip(loop0, common.thread_schedstat(srv.pid)))
+        loop_cpu, loop_wait = ((b - a) / wall for a, b in zip(loop0, common.thread_schedstat(loop_pid)))
     finally:
         srv.stop()
     print(f"loaded phase: publishing {paced['rate']:,.0f} events/s (target {rate:,.0f}; "
