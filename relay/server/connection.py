@@ -570,7 +570,8 @@ class Connection:
             self._out_ready.set()
 
     def drop_slow_reader(self, reason: str = "slow reader: live events not read in time") -> None:
-        """Disconnect a reader that does not read what it asked for in time (counted); `reason` goes in the close frame."""
+        """Disconnect a reader that does not read what it asked for in time (counted, once); `reason` goes in
+        the close frame."""
         if self._drop(1008, reason):
             self.relay.slow_reader_dropped()
 
@@ -598,10 +599,10 @@ class Connection:
             async with asyncio.timeout(self.ws.close_timeout):
                 await self.ws.close(code, reason)
         except TimeoutError:
-            self.reset()
+            self.ws.transport.abort()  # a reset: `_drop` set SO_LINGER to 0
 
     def reset(self) -> None:
-        """End the TCP connection now (RST), discarding whatever it has not sent: shutdown's deadline passed."""
+        """End the TCP connection now (RST), discarding whatever it has not sent (shutdown's deadline passed)."""
         self._discard_unsent_on_close()
         self.ws.transport.abort()
 
