@@ -87,7 +87,6 @@ MIN_FRAME_SIZE_LIMIT = 4096
 
 _FRAME_MARGIN = 200  # the reference stops filling a frame 200 bytes early
 _MOD256 = (1 << 256) - 1
-_ZERO_ID = bytes(ID_SIZE)
 _ONE_BYTE = [bytes([n]) for n in range(0x80)]
 _FINGERPRINT_MODE = bytes([1])  # Mode.FINGERPRINT as a varint
 
@@ -114,10 +113,6 @@ class Bound(NamedTuple):
 
     timestamp: int
     id_prefix: bytes = b""
-
-    def padded_id(self) -> bytes:
-        """The 32-byte id this bound compares as (prefix + zero bytes)."""
-        return self.id_prefix.ljust(ID_SIZE, b"\0")
 
 
 ZERO_BOUND = Bound(0)
@@ -246,10 +241,6 @@ class NegentropyStorage(Protocol):
         """Item ``i`` as ``(timestamp, 32-byte id)``."""
         ...
 
-    def find_lower_bound(self, begin: int, end: int, bound: Bound) -> int:
-        """First index in [begin, end) whose item is >= ``bound``, else ``end``."""
-        ...
-
     def fingerprint(self, begin: int, end: int) -> bytes:
         """16-byte fingerprint of the items in [begin, end)."""
         ...
@@ -349,19 +340,6 @@ class SortedVector:
             raise IndexError(f"item index {i} out of range")
         return self._ts_view[i], bytes(self._id_view[i * ID_SIZE : (i + 1) * ID_SIZE])
 
-    def find_lower_bound(self, begin: int, end: int, bound: Bound) -> int:
-        """First index in [begin, end) whose item is >= ``bound``, else ``end``."""
-        self._check_range(begin, end)
-        lo = bisect.bisect_left(self._ts_view, bound.timestamp, begin, end)
-        padded = bound.padded_id()
-        if padded == _ZERO_ID:
-            return lo
-        hi = bisect.bisect_right(self._ts_view, bound.timestamp, lo, end)
-        return lo + bisect.bisect_left(range(lo, hi), padded, key=self._id_at)
-
-    def _id_at(self, i: int) -> bytes:
-        return bytes(self._id_view[i * ID_SIZE : (i + 1) * ID_SIZE])
-
     def fingerprint(self, begin: int, end: int) -> bytes:
         """16-byte fingerprint of the items in [begin, end), in O(1)."""
         self._check_range(begin, end)
@@ -388,20 +366,6 @@ class SortedVector:
         """Items at the indices (each in [0, size)): timestamps (m,) uint64 and ids (m, 32) uint8."""
         self._check_sealed()
         return self._ts[indices], self._ids[indices]
-
-    def timestamps(self) -> np.ndarray:
-        """Sorted timestamps, shape (n,) uint64 (read-only view)."""
-        self._check_sealed()
-        view = self._ts.view()
-        view.flags.writeable = False
-        return view
-
-    def ids(self) -> np.ndarray:
-        """Ids in sorted order, shape (n, 32) uint8 (read-only view)."""
-        self._check_sealed()
-        view = self._ids.view()
-        view.flags.writeable = False
-        return view
 
     def _check_range(self, begin: int, end: int) -> None:
         self._check_sealed()

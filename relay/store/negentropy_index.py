@@ -787,15 +787,6 @@ class IndexView:
             raise IndexError(f"item index {i} out of range")
         return self._reader.item(self._global(i))
 
-    def find_lower_bound(self, begin: int, end: int, bound: Bound) -> int:
-        """First index in [begin, end) whose item is >= `bound`, else `end`."""
-        self._check_range(begin, end)
-        if bound.timestamp >= INFINITY:
-            return end
-        position = self._reader.lower_bound((bound.timestamp, bound.padded_id()))
-        below = sum(min(max(position, s), e) - s for s, e in self._segments)
-        return min(max(below, begin), end)
-
     def _parts(self, begin: int, end: int) -> Iterator[tuple[int, int]]:
         """Global ranges holding the view's items [begin, end)."""
         for (s, e), offset in zip(self._segments, self._offsets):

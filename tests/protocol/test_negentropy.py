@@ -284,21 +284,13 @@ def test_sorted_vector_rejects_duplicates_and_bad_items() -> None:
         vec.fingerprint(0, 1)
 
 
-def test_find_lower_bound_with_id_prefixes() -> None:
+def test_lower_bounds_with_id_prefixes() -> None:
     ids = [bytes([0x10, 0x20]) + bytes(30), bytes([0x10, 0x30]) + bytes(30), bytes([0x40]) * 32]
     vec = SortedVector.from_items([(7, i) for i in ids] + [(3, b"\x99" * 32), (9, b"\x00" * 32)])
-    n = vec.size()
-    assert vec.find_lower_bound(0, n, Bound(0)) == 0
-    assert vec.find_lower_bound(0, n, Bound(4)) == 1
-    assert vec.find_lower_bound(0, n, Bound(7)) == 1
-    assert vec.find_lower_bound(0, n, Bound(7, b"\x10\x20")) == 1  # equal to the padded id
-    assert vec.find_lower_bound(0, n, Bound(7, b"\x10\x21")) == 2
-    assert vec.find_lower_bound(0, n, Bound(7, b"\x10\x30\x00")) == 2
-    assert vec.find_lower_bound(0, n, Bound(7, b"\x41")) == 4
-    assert vec.find_lower_bound(0, n, Bound(9)) == 4
-    assert vec.find_lower_bound(0, n, Bound(INFINITY)) == n
-    assert vec.find_lower_bound(3, n, Bound(0)) == 3
-    assert vec.find_lower_bound(0, 2, Bound(INFINITY)) == 2
+    bounds = [Bound(0), Bound(4), Bound(7),
+              Bound(7, b"\x10\x20"),  # equal to the padded id
+              Bound(7, b"\x10\x21"), Bound(7, b"\x10\x30\x00"), Bound(7, b"\x41"), Bound(9), Bound(INFINITY)]
+    assert vec.lower_bounds(bounds).tolist() == [0, 1, 1, 1, 2, 2, 4, 4, vec.size()]
 
 
 # ---------------------------------------------------------------- wire format
@@ -448,7 +440,7 @@ def test_overflowing_frame_ends_with_fingerprint_of_the_rest() -> None:
     assert 0 < answered < 16
     # the Fingerprint covers our items from the upper end of the range not answered
     _, query_ranges = decode_message(query)
-    cut = vec.find_lower_bound(0, vec.size(), query_ranges[answered].upper_bound)
+    cut = int(vec.lower_bounds([query_ranges[answered].upper_bound])[0])
     assert ranges[-1].payload == vec.fingerprint(cut, vec.size())
 
 

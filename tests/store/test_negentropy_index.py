@@ -212,8 +212,6 @@ def assert_same_storage(view: IndexView, vector: SortedVector, rng: random.Rando
         b = rng.randrange(a, n + 1)
         assert view.fingerprint(a, b) == vector.fingerprint(a, b), (a, b)
         assert view.id_bytes(a, b) == vector.id_bytes(a, b)
-        bound = Bound(T0 + rng.randrange(-2, 60), rng.randbytes(rng.randrange(0, 4)))
-        assert view.find_lower_bound(a, b, bound) == vector.find_lower_bound(a, b, bound)
     # the bulk methods the reconciler uses
     edges = np.array([0, n] + [rng.randrange(n + 1) for _ in range(30)])
     assert np.array_equal(view.prefix_sums(edges), vector.prefix_sums(edges))
