@@ -63,21 +63,22 @@ class CloseEnvelope:
 class NegOpenEnvelope:
     """`["NEG-OPEN", <sub_id>, <filter>, <initial message, hex>]` (NIP-77).
 
-    `initial_message_hex` is checked to be hex (an even number of 0-9a-fA-F
-    characters), not decoded.  NEG sub_ids are a namespace apart from REQ's.
+    `initial_message` is the message decoded from its hex (which must be an
+    even number of 0-9a-fA-F characters); its negentropy content is not yet
+    parsed.  NEG sub_ids are a namespace apart from REQ's.
     """
 
     sub_id: str
     filter: Filter
-    initial_message_hex: str
+    initial_message: bytes
 
 
 @dataclass(frozen=True, slots=True)
 class NegMsgEnvelope:
-    """`["NEG-MSG", <sub_id>, <message, hex>]` (NIP-77); `message_hex` is checked like NEG-OPEN's."""
+    """`["NEG-MSG", <sub_id>, <message, hex>]` (NIP-77); `message` is decoded like NEG-OPEN's."""
 
     sub_id: str
-    message_hex: str
+    message: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,12 +186,13 @@ def parse_client_message(data: str | bytes, max_filters: int, max_items: int = 1
     raise MessageError(Rejection("invalid", f"unknown message type {verb[:32]!r}"), verb)
 
 
-def _neg_hex(value: object, verb: str, sub_id: str) -> str:
+def _neg_hex(value: object, verb: str, sub_id: str) -> bytes:
     # bytes.fromhex skips whitespace between digit pairs: the decoded length tells it apart
     if type(value) is str and value.isascii():
         try:
-            if 2 * len(bytes.fromhex(value)) == len(value):
-                return value
+            decoded = bytes.fromhex(value)
+            if 2 * len(decoded) == len(value):
+                return decoded
         except ValueError:
             pass
     raise MessageError(Rejection("invalid", "negentropy message must be a hex string"), verb, sub_id)

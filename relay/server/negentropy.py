@@ -183,7 +183,7 @@ class ConnectionSessions:
         try:
             if session.filter_no is None:
                 await self._load_vector(session)
-            reply = await self._reconcile(session, bytes.fromhex(envelope.initial_message_hex))
+            reply = await self._reconcile(session, envelope.initial_message)
             if self._closed:
                 return
             self._sessions[sub_id] = session
@@ -241,7 +241,7 @@ class ConnectionSessions:
             return
         session.timer.cancel()
         try:
-            reply = await self._reconcile(session, bytes.fromhex(envelope.message_hex))
+            reply = await self._reconcile(session, envelope.message)
         except NegentropyError as exc:
             await self.refuse(sub_id, f"invalid: negentropy message: {exc}")
             return

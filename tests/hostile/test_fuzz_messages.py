@@ -102,7 +102,7 @@ def _parse_fully(frame: str | bytes) -> None:
         for f in envelope.filters:
             _check_filter_runs(f)
     elif type(envelope) is NegOpenEnvelope:
-        bytes.fromhex(envelope.initial_message_hex)
+        assert type(envelope.initial_message) is bytes
 
 
 @examples(100)

@@ -22,12 +22,12 @@ from relay.protocol.rejection import Rejection
 
 
 def test_parses_each_negentropy_verb():
-    """NEG-OPEN carries one filter and a hex message, NEG-MSG a hex message, NEG-CLOSE only the id."""
+    """NEG-OPEN carries one filter and a hex message, NEG-MSG a hex message (both decoded), NEG-CLOSE only the id."""
     opened = parse_client_message('["NEG-OPEN", "n", {"kinds": [1], "since": 5}, "61ABcd"]', 5)
     assert isinstance(opened, NegOpenEnvelope)
-    assert (opened.sub_id, opened.initial_message_hex) == ("n", "61ABcd")
+    assert (opened.sub_id, opened.initial_message) == ("n", b"\x61\xab\xcd")
     assert opened.filter.kinds == frozenset({1}) and opened.filter.since == 5
-    assert parse_client_message(b'["NEG-MSG", "n", "6100"]', 5) == NegMsgEnvelope("n", "6100")
+    assert parse_client_message(b'["NEG-MSG", "n", "6100"]', 5) == NegMsgEnvelope("n", b"\x61\x00")
     assert parse_client_message('["NEG-CLOSE", "n"]', 5) == NegCloseEnvelope("n")
 
 
