@@ -18,7 +18,8 @@ from relay.transfer import import_lines
 
 
 async def run_import(config: Config, path: Path) -> int:
-    """`relay import FILE`: prints stored / duplicate / ephemeral / rejected counts; exit 0."""
+    """`relay import FILE`: prints stored / duplicate / older version / ephemeral / rejected counts
+    (see `ImportReport`) and each rejection's message with its count; exit 0, or 2 if FILE cannot be opened."""
     console = Console(stderr=True)
     try:
         source = sys.stdin.buffer if str(path) == "-" else path.open("rb")
@@ -39,7 +40,8 @@ async def run_import(config: Config, path: Path) -> int:
     finally:
         await store.close()
     print(f"read {report.total}: stored {report.stored}, duplicate {report.duplicate}, "
-          f"ephemeral (not stored) {report.ephemeral}, rejected {sum(report.rejected.values())}")
+          f"older version (not stored) {report.older_version}, ephemeral (not stored) {report.ephemeral}, "
+          f"rejected {sum(report.rejected.values())}")
     for message, count in report.rejected.most_common():
         print(f"  rejected {count}: {message}")
     return 0

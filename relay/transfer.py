@@ -19,6 +19,7 @@ from relay.protocol.envelopes import loads
 from relay.protocol.event import Event, EventLimits, is_ephemeral, parse_event, verify_signature
 from relay.protocol.rejection import Rejection
 from relay.server import policies
+from relay.store.batch import NEWER_VERSION
 from relay.store.store import Store
 
 CHUNK_LINES = 2_000
@@ -26,21 +27,31 @@ CHUNK_LINES = 2_000
 
 @dataclass
 class ImportReport:
-    """Counts of one import: lines stored, duplicates, ephemeral (not stored), refusals by message."""
+    """Counts of one import, in lines: stored, duplicates, older versions, ephemeral, refusals by message.
+
+    `stored` also counts a line stored, then superseded or deleted by a later
+    line; `duplicate` an id already held; `older_version` a replaceable or
+    addressable version that loses to the one held (NIP-01: older, or as old
+    with a higher id), which a client is told with OK false "duplicate: have
+    a newer version": not stored, like `ephemeral`, but not a refusal.
+    """
 
     stored: int = 0
     duplicate: int = 0
+    older_version: int = 0
     ephemeral: int = 0
     rejected: Counter = field(default_factory=Counter)
 
     @property
     def total(self) -> int:
         """Lines read."""
-        return self.stored + self.duplicate + self.ephemeral + sum(self.rejected.values())
+        return self.stored + self.duplicate + self.older_version + self.ephemeral + sum(self.rejected.values())
 
     def add(self, accepted: bool, message: str) -> None:
         """Count one (accepted, message) outcome of the NIP-01 OK reply."""
-        if not accepted:
+        if (accepted, message) == NEWER_VERSION:
+            self.older_version += 1
+        elif not accepted:
             self.rejected[message] += 1
         elif message.startswith("duplicate:"):
             self.duplicate += 1

@@ -32,7 +32,8 @@ from tests.served import (
 
 REPO = Path(__file__).resolve().parents[1]
 REPO_CONFIG = REPO / "config" / "relay.toml"
-REPORT = re.compile(r"^read (\d+): stored (\d+), duplicate (\d+), ephemeral \(not stored\) (\d+), rejected (\d+)$")
+REPORT = re.compile(r"^read (\d+): stored (\d+), duplicate (\d+), older version \(not stored\) (\d+), "
+                    r"ephemeral \(not stored\) (\d+), rejected (\d+)$")
 REASON = re.compile(r"^  rejected (\d+): (.+)$")
 
 
@@ -44,6 +45,7 @@ class Report:
     total: int
     stored: int
     duplicate: int
+    older_version: int
     ephemeral: int
     rejected: int
     reasons: Counter
@@ -104,12 +106,13 @@ def exported(imported) -> list[str]:
 
 
 def test_import_prints_the_report_and_exits_0(imported, real_events):
-    """The first import exits 0 and reports stored/duplicate/ephemeral/rejected adding up to the lines, with reasons."""
+    """The first import exits 0 and reports stored/duplicate/older version/ephemeral/rejected adding up to the lines,
+    with reasons."""
     _, first, _ = imported
     assert first.returncode == 0, first.stderr
     report = parse_report(first.stdout)
     assert report.total == len(real_events)
-    assert report.stored + report.duplicate + report.ephemeral + report.rejected == report.total
+    assert report.stored + report.duplicate + report.older_version + report.ephemeral + report.rejected == report.total
     assert sum(report.reasons.values()) == report.rejected
     assert report.duplicate == 0  # the file holds each id once
     assert report.ephemeral == sum(1 for e in real_events if 20000 <= e["kind"] < 30000)
@@ -117,7 +120,7 @@ def test_import_prints_the_report_and_exits_0(imported, real_events):
     expired = sum(1 for e in real_events
                   if (x := first_tag(e, "expiration")) and x.isdigit() and len(x) <= 18 and int(x) <= now)
     assert report.reasons["invalid: event has expired"] == expired
-    assert all(reason.split(":")[0] in ("invalid", "duplicate", "blocked") for reason in report.reasons), report.reasons
+    assert all(reason.split(":")[0] in ("invalid", "blocked") for reason in report.reasons), report.reasons
     assert report.stored > 0.9 * report.total
 
 
@@ -130,8 +133,11 @@ def test_second_import_finds_every_stored_event_a_duplicate(imported, exported):
     assert second.stored == 0
     assert second.duplicate == len(exported)
     assert second.ephemeral == first.ephemeral
-    # Events stored the first time but later superseded or deleted are now refused; nothing else changes.
-    assert second.duplicate + second.rejected == first.stored + first.duplicate + first.rejected
+    # Events stored the first time but later superseded or deleted are now older versions or refused;
+    # nothing else changes.
+    assert (second.duplicate + second.older_version + second.rejected
+            == first.stored + first.duplicate + first.older_version + first.rejected)
+    assert second.older_version >= first.older_version
     for reason, count in first.reasons.items():
         assert second.reasons[reason] >= count, reason
 
@@ -211,7 +217,8 @@ def test_import_counts_each_outcome_with_its_reason(tmp_path):
     result = relay_cli("import", "-", "--db", db, stdin=("\n".join(lines) + "\n").encode())
     assert result.returncode == 0, result.stderr
     report = parse_report(result.stdout)
-    assert (report.total, report.stored, report.duplicate, report.ephemeral, report.rejected) == (8, 1, 1, 1, 5)
+    assert (report.total, report.stored, report.duplicate, report.older_version, report.ephemeral,
+            report.rejected) == (8, 1, 1, 0, 1, 5)
     assert report.reasons == Counter({
         "invalid: bad signature": 1,
         "invalid: event id does not match": 1,
@@ -220,6 +227,26 @@ def test_import_counts_each_outcome_with_its_reason(tmp_path):
         "invalid: event has expired": 1,
     })
     assert export_ids(db) == [good["id"]]
+
+
+def test_import_counts_an_older_version_apart_from_rejections(tmp_path):
+    """A replaceable or addressable line older than the version the relay holds ("duplicate: have a newer
+    version") counts as an older version, not a rejection; a version stored, then superseded by a later line
+    of the same file, counts as stored."""
+    alice = Keys(0xA11CE)
+    now = int(time.time())
+    profile_old, profile_new = (alice.sign(kind=0, content=c, created_at=now - age) for c, age in (("a", 20), ("b", 10)))
+    article_new, article_old = (alice.sign(kind=30023, tags=[["d", "x"]], content=c, created_at=now - age)
+                                for c, age in (("v2", 10), ("v1", 20)))
+    db = tmp_path / "versions.db"
+    lines = (profile_old, profile_new, article_new, article_old)
+    result = relay_cli("import", "-", "--db", db, stdin="".join(json.dumps(e) + "\n" for e in lines).encode())
+    assert result.returncode == 0, result.stderr
+    report = parse_report(result.stdout)
+    assert (report.total, report.stored, report.duplicate, report.older_version, report.ephemeral,
+            report.rejected) == (4, 3, 0, 1, 0, 0)
+    assert report.reasons == Counter()
+    assert sorted(export_ids(db)) == sorted([profile_new["id"], article_new["id"]])
 
 
 def test_import_keeps_out_the_kinds_the_relay_does_not_accept(tmp_path):
