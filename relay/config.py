@@ -91,6 +91,7 @@ class StoreConfig:
     read_connections: int = 4
     writer_queue_size: int = 4_096
     max_batch: int = 1_024
+    max_batch_bytes: int = 4_194_304
     expiry_purge_interval_seconds: float = 60.0
     checkpoint_interval_seconds: float = 1.0
     checkpoint_mode: str = "passive"
@@ -105,6 +106,7 @@ class StoreConfig:
         return StoreOptions(
             synchronous=self.synchronous, read_connections=read_connections or self.read_connections,
             writer_queue_size=self.writer_queue_size, max_batch=self.max_batch,
+            max_batch_bytes=self.max_batch_bytes,
             checkpoint_interval_seconds=self.checkpoint_interval_seconds, checkpoint_mode=self.checkpoint_mode,
             checkpoint_truncate_wal_bytes=self.checkpoint_truncate_wal_bytes,
             relay_urls=frozenset([relay_url_key(relay_url)] if relay_url else []))
@@ -306,6 +308,7 @@ class RateLimitConfig:
     ip_neg_opens_per_second: float = 5.0
     ip_neg_opens_burst: int = 20
     ip_stored_results_bytes: int = 67_108_864  # unsent REQ results of one IP's connections together; 0: no bound
+    ip_connections: int = 100  # connections open at once from one IP; 0: no bound
     exempt: tuple[str, ...] = ()
     trusted_proxies: tuple[str, ...] = ()
 
@@ -550,6 +553,8 @@ def _check_consistency(config: Config) -> None:
     if limits.max_live_queue <= config.store.max_batch:
         # One commit can queue a whole batch for a reader at once.
         raise ConfigError("limits.max_live_queue: must exceed store.max_batch")
+    if config.store.max_batch_bytes < limits.max_message_bytes:
+        raise ConfigError("store.max_batch_bytes: must be at least limits.max_message_bytes")
     if limits.max_live_queue_bytes < limits.max_message_bytes:
         raise ConfigError("limits.max_live_queue_bytes: must be at least limits.max_message_bytes")
     if limits.max_message_bytes < 1024:

@@ -100,6 +100,8 @@ class _ScrapeCollector:
                                   "live events or stored results in time", value=relay.slow_readers)
         yield CounterMetricFamily("relay_keepalive_timeouts", "connections closed (1011) for neither answering a "
                                   "ping nor reading in time", value=relay.keepalive_timeouts)
+        yield CounterMetricFamily("relay_connections_refused", "connections closed (1008) at once: their client "
+                                  "IP had rate_limits.ip_connections open", value=relay.connections_refused)
         if relay.store is not None:
             size = GaugeMetricFamily("relay_database_bytes", "size of the SQLite files: the database (db) and "
                                      "its write-ahead log (wal)", labels=["file"])

@@ -32,7 +32,7 @@ from relay.server.access import AccessPolicy
 from relay.server.budget import ByteBudget
 from relay.server.connection import Connection
 from relay.server.negentropy import NegentropyService
-from relay.server.ratelimit import RateLimits
+from relay.server.ratelimit import TOO_MANY_CONNECTIONS, RateLimits
 from relay.server.subscriptions import SubscriptionIndex
 from relay.server.verifier import Verifier
 from relay.store.store import Store
@@ -62,6 +62,7 @@ class Relay:
         self.server: Server | None = None
         self.slow_readers = 0
         self.keepalive_timeouts = 0
+        self.connections_refused = 0  # past rate_limits.ip_connections
         self._conn_ids = itertools.count(1)
         self._background: list[asyncio.Task] = []
         self.sync = None  # relay.sync.scheduler.Scheduler while [[sync.peers]] are configured
@@ -200,6 +201,11 @@ class Relay:
         remote = self.rate_limits.client_ip(ws.remote_address[0] if ws.remote_address else "",
                                             ",".join(forwarded) if forwarded else None)
         structlog.contextvars.bind_contextvars(conn_id=conn_id, remote=remote)
+        if not self.rate_limits.admits(remote):
+            self.connections_refused += 1
+            log.info("connection_refused", reason=TOO_MANY_CONNECTIONS, total=self.connections_refused)
+            await ws.close(1008, TOO_MANY_CONNECTIONS)
+            return
         log.info("connection_opened")
         # NIP-42 relay tag: the configured public URL, else the one this client connected to.
         relay_url = self.config.server.public_url or f"ws://{headers.get('Host', '')}{ws.request.path}"

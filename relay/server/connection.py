@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import structlog
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
 
 from relay.protocol.envelopes import (
     AuthEnvelope,
@@ -570,19 +571,21 @@ class Connection:
             self._out_ready.set()
 
     def drop_slow_reader(self, reason: str = "slow reader: live events not read in time") -> None:
-        """Disconnect a reader that does not read what it asked for in time (counted, once); `reason` goes in
-        the close frame."""
+        """Disconnect a reader that does not read what it asked for in time (counted once, and only while its
+        peer has not begun to close); `reason` goes in the close frame."""
         if self._drop(1008, reason):
             self.relay.slow_reader_dropped()
 
     def _drop(self, code: int, reason: str) -> bool:
-        """Close this connection for not reading or not answering in time; False when it is closing already.
+        """Close this connection for not reading or not answering in time; True when that is to be counted:
+        False when it is closing already, or its peer is leaving (it sent its close frame or FIN).
 
         Its subscriptions end and its queued messages go now. The close frame waits behind what the
         socket holds; when the close handshake has not ended within websockets' close timeout (10 s),
         the TCP connection is reset and its unsent bytes discarded. Left to websockets, a dropped
         non-reader stayed connected until it read (the close waits for the socket to drain), and then
-        its socket held 3 MB in the kernel (FIN-WAIT-1) for minutes.
+        its socket held 3 MB in the kernel (FIN-WAIT-1) for minutes. A leaving peer is reset at once:
+        it has said goodbye, and what it did not read is of no use to it.
         """
         if self._closing:
             return False
@@ -590,6 +593,9 @@ class Connection:
         self._out.clear()
         for sub_id in list(self.subscriptions):
             self._unsubscribe(sub_id)
+        if self.ws.state is not State.OPEN:
+            self.reset()
+            return False
         self._discard_unsent_on_close()
         asyncio.create_task(self._close_or_reset(code, reason))
         return True

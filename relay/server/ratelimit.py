@@ -4,7 +4,7 @@ IP's share of the relay's budget for unsent REQ results.
 How this works: every limited connection holds a `ConnectionRate` with its
 own buckets (EVENT/AUTH, REQ/COUNT, NEG-OPEN) and the buckets of its client
 IP, shared by all connections from that IP; a message passes when both have
-a token.  An IP's buckets (and share) are kept while it has connections open and, after
+a token.  An IP has at most `ip_connections` limited connections open.  An IP's buckets (and share) are kept while it has connections open and, after
 its last one closes, until they would have refilled anyway
 (`burst / rate` seconds), at most `max_idle_ips` of them, so memory is bounded
 by the open connections.  The client IP is the socket's peer address, or the
@@ -26,6 +26,8 @@ from relay.server.budget import ByteBudget
 
 EVENTS, REQS, NEG_OPENS = 0, 1, 2
 """The limited actions: EVENT and AUTH; REQ and COUNT; NEG-OPEN."""
+TOO_MANY_CONNECTIONS = "rate-limited: too many connections from this address"
+"""The close reason (code 1008) of a connection past `ip_connections`."""
 REFUSALS = ("rate-limited: too many events, slow down", "rate-limited: too many REQ and COUNT requests, slow down",
             "rate-limited: too many negentropy sessions, slow down")
 """The NIP-01 reply of each refused action."""
@@ -131,6 +133,15 @@ class RateLimits:
             if not _within(hop, self._trusted):
                 break
         return client
+
+    def admits(self, ip: str) -> bool:
+        """False when `ip` is limited and has `ip_connections` connections open already (0: no bound):
+        the new one is closed with TOO_MANY_CONNECTIONS."""
+        cap = self.config.ip_connections
+        if not cap or not self.config.enabled or _within(ip, self._exempt):
+            return True
+        state = self._ips.get(ip)
+        return state is None or state.connections < cap
 
     def open(self, ip: str) -> ConnectionRate | None:
         """The rate of a new connection from `ip`; None when it is not limited (disabled, or `ip` exempt)."""

@@ -2,7 +2,7 @@
 
 How this works: `enqueue` puts a validated event on the writer queue with a
 callback (`submit` is the awaitable form).  The writer task takes everything
-queued (up to `max_batch`), applies it with `writes.apply_batch` in one
+queued (up to `max_batch` items and `max_batch_bytes` of event JSON), applies it with `writes.apply_batch` in one
 transaction on the single write connection, and only after COMMIT calls each
 callback with its (accepted, message) outcome and hands the `Changes` to
 listeners (live fan-out).  A queue at `writer_queue_size` clears `room`:
@@ -44,6 +44,7 @@ class StoreOptions:
     read_connections: int = 4
     writer_queue_size: int = 4096
     max_batch: int = 1024
+    max_batch_bytes: int = 4_194_304
     purge_batch: int = 1000
     checkpoint_interval_seconds: float = 1.0
     checkpoint_mode: str = "passive"  # relay/store/checkpoint.py: the policy
@@ -200,7 +201,7 @@ class Store:
                 self._wakeup.clear()
                 await self._wakeup.wait()
             self._idle.clear()
-            batch = [pending.popleft() for _ in range(min(len(pending), self.options.max_batch))]
+            batch = self._take_batch()
             if len(pending) < self.options.writer_queue_size:
                 self._room.set()
             try:
@@ -210,6 +211,20 @@ class Store:
                 log.error("writer_failed", error=repr(exc))
                 self._fail_waiters(batch)
                 raise StoreFailed(f"database write failed: {exc!r}") from exc
+
+    def _take_batch(self) -> list:
+        # The byte cap bounds one commit's live fan-out, which each subscriber's connection gets at once.
+        pending, max_count, max_bytes = self._pending, self.options.max_batch, self.options.max_batch_bytes
+        batch: list = []
+        size = 0
+        while pending and len(batch) < max_count:
+            item = pending[0][0]
+            if isinstance(item, Write):
+                size += len(item.event.raw)
+                if size > max_bytes and batch:
+                    break
+            batch.append(pending.popleft())
+        return batch
 
     async def _write(self, batch: list) -> None:
         writes = [(w, done) for w, done in batch if isinstance(w, Write)]

@@ -89,18 +89,20 @@ def rss_bound(config: Config, plan: Plan, idle_bytes: int) -> int:
     """The most RSS (bytes) the relay may use under `plan`: what its configured queues let it hold.
 
     idle + connections * (FIXED + WRITE_LIMIT
-                          + (max_live_queue_bytes + max_batch * max_message_bytes) * PYTHON_OVERHEAD)
+                          + (max_live_queue_bytes + min(max_batch * max_message_bytes, max_batch_bytes))
+                          * PYTHON_OVERHEAD)
          + publishers * (WEBSOCKETS_MAX_QUEUE + max_events_in_flight) * max_message_bytes * PYTHON_OVERHEAD
          + writer_queue_size * max_message_bytes * PYTHON_OVERHEAD
 
     Per connection, live messages wait in the relay's queue up to
     `max_live_queue_bytes` while the socket is busy, plus one commit's
-    events (at most `max_batch`) handed to it at once; per publisher,
-    websockets buffers up to 16 incoming frames and the relay holds
+    events (at most `max_batch` events and `max_batch_bytes`) handed to it
+    at once; per publisher, websockets buffers up to 16 incoming frames and the relay holds
     `max_events_in_flight` events awaiting their OK; the writer queue is shared.
     """
     limits, store = config.limits, config.store
-    live = (limits.max_live_queue_bytes + store.max_batch * limits.max_message_bytes) * PYTHON_OVERHEAD
+    one_commit = min(store.max_batch * limits.max_message_bytes, store.max_batch_bytes)
+    live = (limits.max_live_queue_bytes + one_commit) * PYTHON_OVERHEAD
     return (idle_bytes
             + plan.connections * (FIXED_BYTES_PER_CONNECTION + WEBSOCKETS_WRITE_LIMIT + live)
             + plan.publishers * (WEBSOCKETS_MAX_QUEUE + limits.max_events_in_flight) * limits.max_message_bytes

@@ -1,11 +1,18 @@
-"""A live subscriber that keeps up is never dropped as a slow reader because one commit is large."""
+"""One commit's live fan-out: a subscriber that keeps up is never dropped because it is large, and one that
+reads nothing is handed at most one (bounded) commit at a time."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 
+import pytest
+import websockets
+
+from relay.config import ConfigError
 from relay.server.app import Relay
 from tests.conftest import make_config
-from tests.helpers import Client, store_events
+from tests.helpers import Client, small_buffer_socket, store_events
 
 
 async def test_a_reader_keeping_up_gets_a_commit_larger_than_its_live_queue(tmp_path, alice):
@@ -25,3 +32,45 @@ async def test_a_reader_keeping_up_gets_a_commit_larger_than_its_live_queue(tmp_
     finally:
         await reader.close()
         await relay.stop()
+
+
+async def test_a_non_reading_subscriber_is_handed_one_transaction_of_live_events_at_a_time(tmp_path, alice):
+    """`store.max_batch_bytes` (1 MiB here) caps a transaction: 100 events of 100 kB queued at once are
+    committed about ten at a time, and a live subscriber that reads nothing has at most one transaction's
+    events in its transport buffer (before the cap: all 10 MB at once)."""
+    relay = Relay(make_config(tmp_path, store={"max_batch_bytes": 1_048_576}, negentropy={"enabled": False}))
+    await relay.start()
+    batches: list[int] = []
+    record = relay.store.on_batch
+    relay.store.on_batch = lambda events, seconds: (batches.append(events), record(events, seconds))
+    sock = await small_buffer_socket(relay.url)
+    stalled = await websockets.connect(relay.url, sock=sock, max_size=None, max_queue=1, ping_interval=None)
+    buffered: list[int] = []
+    try:
+        await stalled.send(json.dumps(["REQ", "live", {"kinds": [1]}]))
+        await stalled.recv()  # EOSE: the subscription is live
+        (connection,) = relay.connections
+        sampling = asyncio.create_task(_sample(lambda: connection.ws.transport.get_write_buffer_size(), buffered))
+        await store_events(relay.store, [alice.sign(content=f"{i} " + "x" * 100_000) for i in range(100)])
+        await asyncio.sleep(0.2)
+        sampling.cancel()
+        assert sum(batches) == 100 and max(batches) <= 10, batches
+        assert 0 < max(buffered) <= 1_048_576 + 65_536
+    finally:
+        stalled.transport.abort()
+        await relay.stop()
+
+
+def test_a_transaction_cap_below_one_event_is_refused(tmp_path):
+    """`store.max_batch_bytes` below `limits.max_message_bytes` would cap a transaction below one event's
+    size: a configuration error."""
+    with pytest.raises(ConfigError, match=r"store.max_batch_bytes: must be at least limits.max_message_bytes"):
+        make_config(tmp_path, store={"max_batch_bytes": 1_000_000})
+    assert make_config(tmp_path, store={"max_batch_bytes": 1_048_576}).store.max_batch_bytes == 1_048_576
+
+
+async def _sample(measure, into: list[int]) -> None:
+    """Append `measure()` to `into` every millisecond until cancelled."""
+    while True:
+        into.append(measure())
+        await asyncio.sleep(0.001)

@@ -87,6 +87,7 @@ async def test_metrics_count_connections_events_queries_sessions_projectors_and_
     assert m[("relay_writer_commit_seconds_count", ())] == m[("relay_writer_batch_events_count", ())]
     assert m[("relay_slow_readers_disconnected_total", ())] == 0
     assert m[("relay_keepalive_timeouts_total", ())] == 0
+    assert m[("relay_connections_refused_total", ())] == 0
     assert 0 < m[("relay_database_bytes", (("file", "db"),))] <= db_bytes  # a database file never shrinks here
     assert ("relay_database_bytes", (("file", "wal"),)) in m
     assert m[("relay_projector_refusals_total", (("projector", "profiles"),))] == 1

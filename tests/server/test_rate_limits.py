@@ -6,9 +6,12 @@ test: every outcome follows from the burst sizes alone.
 
 from __future__ import annotations
 
+import pytest
+from websockets.exceptions import ConnectionClosed
+
 from relay.config import RateLimitConfig
-from relay.server.ratelimit import RateLimits
-from tests.helpers import Client
+from relay.server.ratelimit import TOO_MANY_CONNECTIONS, RateLimits
+from tests.helpers import Client, eventually
 from tests.server.test_auth import closed_or_events, neg_need
 from tests.server.test_negentropy_server import start  # noqa: F401 (a fixture: start(name, **sections) -> Relay)
 
@@ -53,6 +56,33 @@ async def test_ip_limits_span_connections(start, alice):
     ok = await first.publish(alice.sign(content="3"))
     assert ok[2] is False and ok[3].startswith("rate-limited: ")
     for c in (first, second):
+        await c.close()
+
+
+async def test_an_ip_past_its_connections_gets_the_next_closed_and_others_connect(start, alice):
+    """`ip_connections = 3` behind a trusted proxy: a fourth connection from one client IP is closed at once
+    (1008 "rate-limited: too many connections from this address") and counted; another IP connects; once one
+    of the three has closed, the first IP connects again."""
+    relay = await start(**limits(ip_connections=3, trusted_proxies=["127.0.0.1"]))
+
+    async def connect(ip: str) -> Client:
+        return await Client.connect(relay.url, additional_headers={"X-Forwarded-For": ip})
+
+    first = [await connect("198.51.100.1") for _ in range(3)]
+    refused = await connect("198.51.100.1")
+    with pytest.raises(ConnectionClosed):
+        await refused.recv()
+    assert (refused.ws.close_code, refused.ws.close_reason) == (1008, TOO_MANY_CONNECTIONS)
+    assert TOO_MANY_CONNECTIONS == "rate-limited: too many connections from this address"
+    assert relay.connections_refused == 1
+    other = await connect("198.51.100.2")
+    assert (await other.publish(alice.sign(content="from another address")))[2] is True
+    await first.pop().close()
+    assert await eventually(lambda: len(relay.connections) == 3)
+    again = await connect("198.51.100.1")
+    assert (await again.publish(alice.sign(content="again")))[2] is True
+    assert relay.connections_refused == 1
+    for c in (*first, other, again):
         await c.close()
 
 

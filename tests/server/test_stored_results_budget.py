@@ -8,13 +8,15 @@ import contextlib
 import json
 import time
 
+import pytest
 import websockets
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Close, Frame, Opcode
 from websockets.protocol import State
 
 from relay.server.app import Relay
 from tests.conftest import make_config
-from tests.helpers import Client, eventually, small_buffer_socket, tcp_sockets
+from tests.helpers import Client, eventually, raw_websocket, small_buffer_socket, tcp_sockets
 
 
 async def test_results_past_the_budget_are_refused_and_every_byte_comes_back(tmp_path, alice):
@@ -177,6 +179,31 @@ async def test_a_dropped_non_reader_is_counted_once_and_its_unsent_bytes_are_dis
         assert tcp_sockets(relay.port, client_port) == []
         stalled.transport.abort()
     finally:
+        await relay.stop()
+
+
+@pytest.mark.parametrize("leaving", ["close frame", "FIN"])
+async def test_a_client_leaving_mid_answer_is_reset_and_not_counted_as_a_slow_reader(tmp_path, alice, leaving):
+    """A client that asks for 8 MB, then sends its close frame (or shuts its side of TCP) and reads nothing
+    more is leaving, not slow: once it has taken nothing for `stored_results_timeout_seconds` its connection
+    is reset and its share of the budget freed, and `relay_slow_readers_total` does not count it."""
+    relay = await _big_answers_relay(tmp_path, alice, limits={"max_stored_results_bytes": 12_000_000,
+                                                              "max_query_bytes": 8_000_000,
+                                                              "stored_results_timeout_seconds": 1.0})
+    reader, writer = await raw_websocket(relay.port)
+    try:
+        writer.write(Frame(Opcode.TEXT, json.dumps(["REQ", "big", {"limit": 5000}]).encode())
+                     .serialize(mask=True, extensions=[]))
+        assert await eventually(lambda: relay.stored_results.held > 1_000_000)  # past what the kernel takes
+        if leaving == "FIN":
+            writer.write_eof()
+        else:
+            writer.write(Frame(Opcode.CLOSE, Close(1000, "bye").serialize()).serialize(mask=True, extensions=[]))
+        assert await eventually(lambda: not relay.connections, timeout=30)
+        assert relay.stored_results.held == 0
+        assert relay.slow_readers == 0 and relay.keepalive_timeouts == 0
+    finally:
+        writer.transport.abort()
         await relay.stop()
 
 
