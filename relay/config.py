@@ -76,6 +76,8 @@ class LimitsConfig:
     max_stored_results_bytes: int = 268_435_456  # stored REQ results not yet sent, all connections together
     stored_results_timeout_seconds: float = 15.0  # a reader taking none of its stored results this long is
                                                   # dropped (1008) and its share of the budget freed
+    stored_results_min_bytes_per_second: int = 16_384  # a reader taking its stored results slower, over each
+                                                       # stored_results_timeout_seconds, is dropped too; 0: none
 
     def event_limits(self) -> EventLimits:
         """The per-event limits `parse_event` checks."""

@@ -118,7 +118,8 @@ def _text_frame_header(size: int) -> bytes:
 
 
 class _StalledReader(Exception):
-    """The peer took nothing of its stored results for `limits.stored_results_timeout_seconds`: it is dropped."""
+    """The peer took nothing of its stored results for `limits.stored_results_timeout_seconds`, or less than
+    `limits.stored_results_min_bytes_per_second` over that long: it is dropped."""
 
 
 class LiveSubscription:
@@ -420,8 +421,9 @@ class Connection:
 
         Raises:
             Rejection: "rate-limited:", nothing sent: the results do not fit in the budget.
-            _StalledReader: the peer took nothing for `limits.stored_results_timeout_seconds`; the
-                connection is being dropped as a slow reader and its bytes are given back.
+            _StalledReader: the peer took nothing for `limits.stored_results_timeout_seconds` (or too
+                little: `limits.stored_results_min_bytes_per_second`); the connection is being dropped as a
+                slow reader and its bytes are given back.
         """
         held = sum(map(len, stored))
         if not budget.take(held):
@@ -444,21 +446,25 @@ class Connection:
 
     async def _send_while_read(self, messages: list[bytes]) -> None:
         """`send_many`, dropping the connection as a slow reader once its peer has taken nothing of what
-        was written for `limits.stored_results_timeout_seconds`: a client that asks and never reads must
-        not keep its share of the stored-results budget.
+        was written for `limits.stored_results_timeout_seconds`, or less than
+        `limits.stored_results_min_bytes_per_second` over that long: a client that asks and never reads,
+        or reads a trickle, must not keep its share of the stored-results budget.
 
         Raises:
             _StalledReader: the connection is being dropped.
             ConnectionClosed: the socket is closed.
         """
         if not await self._while_taking(self.send_many(messages), self.ws.drain,
-                                        self._limits.stored_results_timeout_seconds):
+                                        self._limits.stored_results_timeout_seconds,
+                                        self._limits.stored_results_min_bytes_per_second):
             self.drop_slow_reader("slow reader: stored events not read in time")
             raise _StalledReader
 
-    async def _while_taking(self, waiting: Awaitable, then: Callable[[], Awaitable], seconds: float) -> bool:
+    async def _while_taking(self, waiting: Awaitable, then: Callable[[], Awaitable], seconds: float,
+                            min_rate: float = 0.0) -> bool:
         """Await `waiting`, looking every 0.5 s whether the peer takes what was written to it: False,
-        `waiting` cancelled, once it has taken nothing for `seconds`; True when `waiting` is done.
+        `waiting` cancelled, once it has taken nothing for `seconds`, or less than `min_rate` bytes per
+        second over a window of `seconds` (windows start at the first look); True when `waiting` is done.
         After each look `then()` is awaited in its place (`waiting` is cancelled by the look).
 
         Progress is the bytes the peer's TCP acknowledges. Waiting for the socket to become writable
@@ -471,6 +477,8 @@ class Connection:
             ConnectionClosed: the socket is closed.
         """
         taken, still = None, 0.0  # no baseline before the first look: most writes never wait that long
+        window_start, window_taken = 0.0, 0  # the rate window: when it began, the count then
+        loop = asyncio.get_running_loop()
         while True:
             try:
                 async with asyncio.timeout(_PROGRESS_CHECK_SECONDS):
@@ -479,10 +487,16 @@ class Connection:
             except TimeoutError:  # what was written stays with the transport
                 pass
             now = self._taken_bytes()
+            if taken is None:
+                window_start, window_taken = loop.time(), now
             still = 0.0 if taken is None or now > taken else still + _PROGRESS_CHECK_SECONDS
             taken = now
             if still >= seconds:
                 return False
+            if min_rate and (elapsed := loop.time() - window_start) >= seconds:
+                if now - window_taken < min_rate * elapsed:
+                    return False
+                window_start, window_taken = loop.time(), now
             waiting = then()
 
     async def _keepalive(self) -> None:

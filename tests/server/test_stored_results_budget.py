@@ -272,3 +272,31 @@ async def test_a_slow_reader_is_not_closed_by_the_keepalive_while_it_reads(tmp_p
         slow.transport.abort()  # a close handshake would wait behind the megabytes still unsent
     finally:
         await relay.stop()
+
+
+async def test_a_reader_taking_its_answer_slower_than_the_minimum_rate_is_dropped(tmp_path, alice):
+    """A client taking one 30 kB event a second (about 30 kB/s, never 4 s without taking anything) reads below
+    `stored_results_min_bytes_per_second` (64 KiB/s here): after a 4 s window it is dropped (1008) and
+    counted, so a few steady trickles cannot hold the stored-results budget for as long as they like."""
+    relay = await _big_answers_relay(tmp_path, alice, limits={"max_query_bytes": 9_500_000,
+                                                              "max_stored_results_bytes": 20_000_000,
+                                                              "stored_results_timeout_seconds": 4.0,
+                                                              "stored_results_min_bytes_per_second": 65_536})
+    slow = await _non_reader(relay, receive_buffer=65_536)
+
+    async def trickle() -> None:
+        with contextlib.suppress(ConnectionClosed):
+            while True:
+                await slow.recv()
+                await asyncio.sleep(1.0)
+
+    reading = asyncio.create_task(trickle())
+    try:
+        await slow.send(json.dumps(["REQ", "slow", {"limit": 5000}]))
+        assert await eventually(lambda: relay.slow_readers == 1, timeout=30)
+        assert await eventually(lambda: not relay.connections, timeout=30)
+        assert relay.stored_results.held == 0
+    finally:
+        reading.cancel()
+        slow.transport.abort()
+        await relay.stop()
