@@ -14,6 +14,7 @@ import gc
 import itertools
 import signal
 import sys
+import weakref
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from urllib.parse import urlsplit
@@ -30,7 +31,7 @@ from relay.protocol.event import Event, is_ephemeral
 from relay.server import nip11
 from relay.server.access import AccessPolicy
 from relay.server.budget import ByteBudget
-from relay.server.connection import Connection
+from relay.server.connection import Connection, reset
 from relay.server.negentropy import NegentropyService
 from relay.server.ratelimit import TOO_MANY_CONNECTIONS, RateLimits
 from relay.server.subscriptions import SubscriptionIndex
@@ -68,6 +69,7 @@ class Relay:
         self.sync = None  # relay.sync.scheduler.Scheduler while [[sync.peers]] are configured
         self.negentropy: NegentropyService | None = None  # NIP-77 responder, from start()
         self.connections: set[Connection] = set()  # open ones, for shutdown and metrics
+        self._sockets: weakref.WeakSet[ServerConnection] = weakref.WeakSet()  # every accepted one, from its first byte
         self.metrics = Metrics(self)  # served at /metrics (relay/metrics.py)
         self.stored_results = ByteBudget(config.limits.max_stored_results_bytes)  # unsent REQ results, all connections
         self.rate_limits = RateLimits(config.rate_limits, stored_results=self.stored_results)
@@ -87,6 +89,7 @@ class Relay:
                 process_request=self._process_request,
                 max_size=self.config.limits.max_message_bytes,
                 max_queue=16, compression=None, ping_interval=None,  # pings: Connection._keepalive
+                create_connection=self._server_connection,
             )
         except OSError:
             # e.g. the port is taken: release the store's threads, or the process cannot exit.
@@ -120,7 +123,8 @@ class Relay:
         Stop accepting; each connection stops reading, waits until every EVENT
         it took has been committed and its OK written, and closes with 1001;
         connections still open at the deadline are sent 1001 as they are, then
-        reset without waiting for the peer's close (RST, unsent bytes dropped).
+        reset without waiting for the peer's close (RST, unsent bytes dropped),
+        as are those still in their opening handshake (else up to 10 s more).
         The store then commits whatever is still queued (peer sync, stragglers).
         """
         loop, timeout = asyncio.get_running_loop(), self.config.server.shutdown_timeout_seconds
@@ -136,8 +140,8 @@ class Relay:
                 await self._within(deadline, asyncio.gather(*drains, return_exceptions=True), "drain", timeout)
             self.server.close(close_connections=True)  # 1001 to whoever is left
             await self._within(deadline, self.server.wait_closed(), "close", timeout)
-            for connection in list(self.connections):  # past the deadline: not waiting for their close handshake
-                connection.reset()
+            for ws in list(self._sockets):  # past the deadline: no more waiting for close or opening handshakes
+                reset(ws)
             await self._within(loop.time() + _RESET_SECONDS, self.server.wait_closed(), "reset", _RESET_SECONDS)
         if self.store is not None:
             await self.store.close()
@@ -193,6 +197,12 @@ class Relay:
         """Log an unexpected failure with its traceback; return the client's `error:` message."""
         log.error(what, error=repr(exc), exc_info=exc, **fields)
         return "error: internal"
+
+    def _server_connection(self, *args, **kwargs) -> ServerConnection:
+        # websockets lists a connection only once its opening handshake is done; shutdown resets the others too.
+        ws = ServerConnection(*args, **kwargs)
+        self._sockets.add(ws)
+        return ws
 
     async def _handle(self, ws: ServerConnection) -> None:
         conn_id = next(self._conn_ids)

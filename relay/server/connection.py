@@ -117,6 +117,23 @@ def _text_frame_header(size: int) -> bytes:
     return _LENGTH_64.pack(_TEXT_FRAME, 127, size)
 
 
+def reset(ws: ServerConnection) -> None:
+    """End `ws`'s TCP connection now (RST), discarding whatever it has not sent, whatever its WebSocket state
+    (a peer leaving, or shutdown's deadline passed); nothing when it has ended already."""
+    _discard_unsent_on_close(ws)
+    ws.transport.abort()
+
+
+def _discard_unsent_on_close(ws: ServerConnection) -> None:
+    # SO_LINGER on, 0 s: closing the socket resets the connection and frees its send queue at once.
+    sock = ws.transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+        except OSError:
+            pass  # closed already
+
+
 class _StalledReader(Exception):
     """The peer took nothing of its stored results for `limits.stored_results_timeout_seconds`, or less than
     `limits.stored_results_min_bytes_per_second` over that long: it is dropped."""
@@ -608,9 +625,9 @@ class Connection:
         for sub_id in list(self.subscriptions):
             self._unsubscribe(sub_id)
         if self.ws.state is not State.OPEN:
-            self.reset()
+            reset(self.ws)
             return False
-        self._discard_unsent_on_close()
+        _discard_unsent_on_close(self.ws)
         asyncio.create_task(self._close_or_reset(code, reason))
         return True
 
@@ -620,20 +637,6 @@ class Connection:
                 await self.ws.close(code, reason)
         except TimeoutError:
             self.ws.transport.abort()  # a reset: `_drop` set SO_LINGER to 0
-
-    def reset(self) -> None:
-        """End the TCP connection now (RST), discarding whatever it has not sent (shutdown's deadline passed)."""
-        self._discard_unsent_on_close()
-        self.ws.transport.abort()
-
-    def _discard_unsent_on_close(self) -> None:
-        # SO_LINGER on, 0 s: closing the socket resets the connection and frees its send queue at once.
-        sock = self.ws.transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
-            except OSError:
-                pass  # closed already
 
     async def _send_queued(self) -> None:
         try:

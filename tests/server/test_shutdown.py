@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 
@@ -87,6 +88,22 @@ async def test_past_the_shutdown_timeout_a_peer_that_never_closes_is_reset(tmp_p
     assert not relay.connections
     await read_until_reset(reader, 2)  # (the 1001 close frame, unread, comes first)
     writer.close()
+
+
+async def test_past_the_shutdown_timeout_opening_handshakes_are_reset_too(tmp_path):
+    """20 clients that sent half of their opening handshake and then nothing: with shutdown_timeout_seconds = 1
+    their connections end when stop() returns, not at websockets' open timeout (10 s after they connected)."""
+    relay = Relay(make_config(tmp_path, server={"shutdown_timeout_seconds": 1.0}))
+    await relay.start()
+    half_open = [await asyncio.open_connection("127.0.0.1", relay.port) for _ in range(20)]
+    for _, writer in half_open:
+        writer.write(b"GET / HTTP/1.1\r\nHost: relay\r\n")
+        await writer.drain()
+    await asyncio.wait_for(relay.stop(), 30)  # a bound for a hang, not a speed target
+    for reader, writer in half_open:
+        with contextlib.suppress(ConnectionResetError):
+            assert await asyncio.wait_for(reader.read(), 2) == b""  # ended: a reset, or an end of stream
+        writer.close()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
