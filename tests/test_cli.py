@@ -115,7 +115,9 @@ def test_import_prints_the_report_and_exits_0(imported, real_events):
     assert report.stored + report.duplicate + report.older_version + report.ephemeral + report.rejected == report.total
     assert sum(report.reasons.values()) == report.rejected
     assert report.duplicate == 0  # the file holds each id once
-    assert report.ephemeral == sum(1 for e in real_events if 20000 <= e["kind"] < 30000)
+    assert report.ephemeral == sum(1 for e in real_events if 20000 <= e["kind"] < 30000 and e["kind"] != 22242)
+    assert report.reasons["invalid: kind 22242 is sent with AUTH, not EVENT (NIP-42)"] == \
+        sum(1 for e in real_events if e["kind"] == 22242)
     now = time.time()
     expired = sum(1 for e in real_events
                   if (x := first_tag(e, "expiration")) and x.isdigit() and len(x) <= 18 and int(x) <= now)

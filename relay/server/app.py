@@ -26,7 +26,6 @@ from websockets.http11 import Request, Response
 
 from relay.config import Config
 from relay.metrics import CONTENT_TYPE, Metrics
-from relay.protocol.auth import AUTH_KIND
 from relay.protocol.event import Event, is_ephemeral
 from relay.server import nip11
 from relay.server.access import AccessPolicy
@@ -161,10 +160,7 @@ class Relay:
 
         `origin` is the URL of the peer it came from ("" when published here).
         """
-        if is_ephemeral(event.kind):
-            if event.kind == AUTH_KIND:  # NIP-42: never broadcast
-                done(False, f"invalid: kind {AUTH_KIND} is sent with AUTH, not EVENT (NIP-42)")
-                return
+        if is_ephemeral(event.kind):  # (kind 22242, AUTH's, is refused before: policies.reject_auth_kind)
             self.metrics.events_ephemeral.inc()
             self._fanout([event])
             done(True, "")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from relay.protocol.auth import AUTH_KIND
 from relay.protocol.event import Event
 from relay.protocol.rejection import invalid
 
@@ -12,7 +13,14 @@ def reject_expired(event: Event, now: float) -> None:
         raise invalid("event has expired")
 
 
-CHECKS = (reject_expired,)
+def reject_auth_kind(event: Event, now: float) -> None:
+    """NIP-42: a kind-22242 event is sent with AUTH, never stored nor broadcast: refused with "invalid:"
+    (before its signature is checked: that costs more than everything else here)."""
+    if event.kind == AUTH_KIND:
+        raise invalid(f"kind {AUTH_KIND} is sent with AUTH, not EVENT (NIP-42)")
+
+
+CHECKS = (reject_expired, reject_auth_kind)
 
 
 def check_event(event: Event, now: float) -> None:

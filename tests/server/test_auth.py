@@ -139,6 +139,18 @@ async def test_auth_kind_is_never_accepted_as_an_event(start, alice):
     await client.close()
 
 
+async def test_auth_kind_as_an_event_is_refused_before_its_signature_is_checked(start, alice):
+    """A kind-22242 EVENT with a bad signature gets the kind refusal, not "invalid: bad signature": it is refused
+    before the signature check, the costliest step (any relay would refuse it anyway)."""
+    relay = await start()
+    client = await connect(relay)
+    event = auth_event(alice, relay.url, client.challenge)
+    event["sig"] = ("0" if event["sig"][0] != "0" else "1") + event["sig"][1:]
+    ok = await client.publish(event)
+    assert ok[2] is False and ok[3] == "invalid: kind 22242 is sent with AUTH, not EVENT (NIP-42)"
+    await client.close()
+
+
 # --- write rules -------------------------------------------------------------------------------------------
 
 

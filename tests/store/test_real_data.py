@@ -77,7 +77,8 @@ def nip40_expiration(event: dict) -> int | None:
 def nip_live_ids(events: Iterable[dict], now: float) -> tuple[set[str], Counter]:
     """The ids NIP-01/09/40 leave live from `events` (first of each id wins), and why the others went.
 
-    Ephemeral kinds are never stored; expired events (NIP-40) are refused;
+    Ephemeral kinds are never stored, and kind 22242 (NIP-42 AUTH) is refused;
+    expired events (NIP-40) are refused;
     a replaceable/addressable coordinate keeps its newest version (ties: lowest
     id), chosen among every accepted version, deleted or not (the high-water
     mark survives deletion); kind-5 `e` tags delete the deleter's own non-kind-5
@@ -90,7 +91,9 @@ def nip_live_ids(events: Iterable[dict], now: float) -> tuple[set[str], Counter]
     why: Counter = Counter()
     accepted = []
     for event in first.values():
-        if _ephemeral(event["kind"]):
+        if event["kind"] == 22242:
+            why["AUTH kind (refused)"] += 1
+        elif _ephemeral(event["kind"]):
             why["ephemeral (not stored)"] += 1
         elif (exp := nip40_expiration(event)) is not None and exp <= now:
             why["expired (refused)"] += 1
@@ -205,7 +208,9 @@ async def test_import_leaves_exactly_the_nip_live_set(real, imported, real_store
     assert report.total == len(events)
     assert report.ephemeral == why["ephemeral (not stored)"]
     invalid = {m: n for m, n in report.rejected.items() if m.startswith("invalid:")}
-    assert invalid == {"invalid: event has expired": why["expired (refused)"]}, report.rejected
+    assert invalid == {"invalid: event has expired": why["expired (refused)"],
+                       "invalid: kind 22242 is sent with AUTH, not EVENT (NIP-42)": why["AUTH kind (refused)"]}, \
+        report.rejected
     stored = set(await stored_raw(real_store))
     assert stored == live, (f"missing {sorted(live - stored)[:10]} ({len(live - stored)}), "
                             f"extra {sorted(stored - live)[:10]} ({len(stored - live)})")
