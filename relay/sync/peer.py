@@ -323,16 +323,14 @@ class PeerConnection:
 
     # --- requests -----------------------------------------------------------------------------------
 
-    async def publish(self, raw_event: bytes, event_id: str) -> tuple[bool, str]:
-        """Send one event; see `publish_many`."""
-        return (await self.publish_many([(event_id, raw_event)]))[0]
+    async def publish_many(self, events: list[tuple[str, bytes]],
+                           on_answer: Callable[[str, bool, str], None]) -> None:
+        """Send `["EVENT", raw]` for each (id, raw JSON) in one write and wait for every OK.
 
-    async def publish_many(self, events: list[tuple[str, bytes]]) -> list[tuple[bool, str]]:
-        """Send `["EVENT", raw]` for each (id, raw JSON) in one write and wait for every OK: (accepted, message) each.
-
-        Events refused with "auth-required:" are sent once more after our AUTH is accepted; events
-        refused with "rate-limited:" are sent again after a pause (`RATE_LIMIT_PAUSES`), and their
-        last answer is returned.
+        `on_answer(event_id, accepted, message)` is called once per event with its last answer, as soon as
+        it is in: an answer received before a failure is never lost.  Events refused with "auth-required:"
+        are sent once more after our AUTH is accepted; events refused with "rate-limited:" are sent again
+        after a pause (`RATE_LIMIT_PAUSES`); their refusal is answered only when not sent again.
 
         Raises:
             PeerError: no OK for `reply_timeout_seconds` since the last one, lost connection, NOTICE, refused AUTH.
@@ -349,6 +347,8 @@ class PeerConnection:
                 outcomes[event_id] = (accepted, message)
                 left -= 1
                 last = self._loop.time()
+                if accepted or not message.startswith((AUTH_REQUIRED, RATE_LIMITED)):
+                    on_answer(event_id, accepted, message)  # never sent again: final now
                 if left <= 0 and not done.done():
                     done.set_result(None)
 
@@ -373,8 +373,10 @@ class PeerConnection:
                 retry.update(refused)
             if limited and await pauses.wait(progress=len(limited) < len(todo)):
                 retry.update(limited)
+            for event_id in refused + limited:
+                if event_id not in retry:
+                    on_answer(event_id, *outcomes[event_id])
             todo = [item for item in todo if item[0] in retry]
-        return [outcomes[i] for i, _ in events]
 
     async def fetch(self, ids: list[str]) -> list[object]:
         """Ask for events by id with one REQ (`limit` = len(ids)); return what came before EOSE, unvalidated.

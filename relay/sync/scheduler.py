@@ -20,7 +20,8 @@ reconciliation is started at once; it finds whatever was dropped.  Any
 failure (connection lost, NOTICE, timeout, refused AUTH) is recorded in
 `sync_peers.last_error`, the lease is released, and the task reconnects
 after an exponential backoff with jitter.  Counts of events in and out are
-written to `sync_peers` after each reconciliation and every few seconds.
+written to `sync_peers` after each reconciliation (an interrupted one too:
+every event the peer acknowledged counts) and every few seconds.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from relay.store.store import Store
 from relay.store.writes import Changes
 from relay.sync.keys import NodeKey, NodeKeyError, key_path, load_or_create
 from relay.sync.peer import PeerConnection, PeerError
-from relay.sync.session import ERROR, STORED, Intake, SyncOptions, classify, push_chunk, sync_with_peer
+from relay.sync.session import ERROR, STORED, Intake, SyncOptions, SyncReport, classify, push_chunk, sync_with_peer
 from relay.sync.state import LeaseBusy, LeaseLost, PeerStates, new_owner
 
 log = structlog.get_logger(__name__)
@@ -223,9 +224,15 @@ class PeerSync:
                 helpers.append(asyncio.create_task(self._push_live(conn), name=f"sync-out {self.url}"))
             while True:
                 self._reconcile_now.clear()
-                report = await sync_with_peer(conn, s.store, self.filter_obj, self.options, self.intake)
-                self.events_in += report.fetched
-                self.events_out += report.pushed
+                report = SyncReport()
+                try:
+                    await sync_with_peer(conn, s.store, self.filter_obj, self.options, self.intake, report)
+                except BaseException:  # failed, cancelled or lease lost: what it did, and for how long, is known
+                    log.info("sync_reconcile_interrupted", peer=self.url, **report.as_dict())
+                    raise
+                finally:  # the events an interrupted reconciliation moved are counted too
+                    self.events_in += report.fetched
+                    self.events_out += report.pushed
                 await self._flush_counts(success=True)
                 self._synced = True
                 log.info("sync_reconciled", peer=self.url, **report.as_dict())
@@ -284,14 +291,16 @@ class PeerSync:
         failures: list[BaseException] = []
         tasks: set[asyncio.Task] = set()
 
+        def on_answer(event_id: str, accepted: bool, message: str) -> None:
+            outcome, message = classify(accepted, message)
+            if outcome == STORED:
+                self.events_out += 1
+            elif outcome == ERROR:
+                log.warning("sync_live_push_refused", peer=self.url, event_id=event_id, message=message)
+
         async def push(events: list[Event]) -> None:
             try:
-                for event, reply in zip(events, await conn.publish_many([(e.id, e.raw) for e in events])):
-                    outcome, message = classify(*reply)
-                    if outcome == STORED:
-                        self.events_out += 1
-                    elif outcome == ERROR:
-                        log.warning("sync_live_push_refused", peer=self.url, event_id=event.id, message=message)
+                await conn.publish_many([(e.id, e.raw) for e in events], on_answer)
             except PeerError as exc:
                 failures.append(exc)
             finally:

@@ -367,11 +367,13 @@ async def _push(conn: PeerConnection, store: Store, ids: list[bytes], options: S
     tasks: set[asyncio.Task] = set()
     failures: list[BaseException] = []
 
+    def on_answer(event_id: str, accepted: bool, message: str) -> None:
+        report.count(*classify(accepted, message), up=True)
+
     async def push_chunk_of(raws: list[bytes]) -> None:
         try:
-            outcomes = await conn.publish_many([(raw[_ID_SLICE].decode(), raw) for raw in raws])
-            for accepted, message in outcomes:
-                report.count(*classify(accepted, message), up=True)
+            # Counted per answer: a chunk cut short by a lost connection still counts what the peer took.
+            await conn.publish_many([(raw[_ID_SLICE].decode(), raw) for raw in raws], on_answer)
             progress(report)
         except PeerError as exc:
             failures.append(exc)

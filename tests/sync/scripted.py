@@ -2,6 +2,8 @@
 
 Every behaviour is chosen by the test: which items it advertises in negentropy,
 which events it serves for a REQ, the OK it answers to each EVENT, whether it
+keeps the events it accepts (advertises and serves them from then on), whether
+it drops the connection right after answering its n-th EVENT, whether it
 requires AUTH (and accepts or refuses it), or whether it answers NIP-77 with a
 NOTICE, a NEG-ERR or silence, like relays without NIP-77.
 """
@@ -25,7 +27,7 @@ class ScriptedRelay:
 
     def __init__(self, advertise: list[dict] = (), serve: dict[str, dict] | None = None,
                  ok: dict[str, tuple[bool, str]] | None = None, mode: str = "normal",
-                 auth: str | None = None) -> None:
+                 auth: str | None = None, keep: bool = False, drop_after: int | None = None) -> None:
         assert mode in MODES
         assert auth in (None, "accept", "refuse")
         self.advertise = list(advertise)
@@ -33,6 +35,8 @@ class ScriptedRelay:
         self.ok = ok or {}
         self.mode = mode
         self.auth = auth
+        self.keep = keep  # events it accepts are advertised and served from then on, as if stored
+        self.drop_after = drop_after  # close the connection after answering this many EVENTs (over all connections)
         self.received: list[dict] = []
         self.auth_events: list[tuple[str, dict]] = []  # (challenge sent, AUTH event received)
         self.messages: list[list] = []
@@ -90,9 +94,16 @@ class ScriptedRelay:
                             await ws.send(json.dumps(["EVENT", m[1], self.serve[event_id]]))
                 await ws.send(json.dumps(["EOSE", m[1]]))
             elif verb == "EVENT":
-                self.received.append(m[1])
-                accepted, message = self.ok.get(m[1]["id"], (True, ""))
-                await ws.send(json.dumps(["OK", m[1]["id"], accepted, message]))
+                event = m[1]
+                self.received.append(event)
+                accepted, message = self.ok.get(event["id"], (True, ""))
+                if self.keep and accepted:
+                    self.advertise.append(event)
+                    self.serve[event["id"]] = event
+                await ws.send(json.dumps(["OK", event["id"], accepted, message]))
+                if len(self.received) == self.drop_after:
+                    await ws.close(1001, "going away")
+                    return
 
     async def broadcast(self, event: dict) -> None:
         """Take `event` as if published here: advertise and serve it, and send it to every live REQ."""

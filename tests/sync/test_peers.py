@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import structlog
 
 from relay.config import load_config
 from relay.protocol.event import parse_event
@@ -261,6 +262,36 @@ async def test_events_from_a_peer_are_not_pushed_back_to_it(tmp_path, alice, bob
             await server.stop()
 
 
+
+
+async def test_interrupted_reconciliation_counts_what_the_peer_acknowledged(tmp_path, alice):
+    """A configured peer that drops the connection mid-push (right after answering its 75th EVENT of 120): the
+    interrupted reconciliation is logged with its count and elapsed seconds, and once the next one pushed the
+    rest, sync_peers.events_out is exactly what the peer holds from us."""
+    events = notes(alice, 120, NOW - 300)
+
+    def events_out() -> int:
+        conn = sqlite3.connect(config.store.path)
+        try:
+            return sum(state.events_out for state in read_states(conn))
+        finally:
+            conn.close()
+
+    async with ScriptedRelay(keep=True, drop_after=75) as peer:
+        config = make_config(tmp_path, sync={"peers": [{"url": peer.url}], "backoff_initial_seconds": 0.1,
+                                             "backoff_max_seconds": 0.5})
+        await seed(config, events)
+        server = Relay(config)
+        with structlog.testing.capture_logs() as logs:
+            await server.start()
+            try:
+                assert await eventually(lambda: events_out() == 120, SYNC_TIMEOUT), events_out()
+            finally:
+                await server.stop()
+    assert sorted(e["id"] for e in peer.received) == sorted(e["id"] for e in events)  # each sent once
+    [interrupted] = [entry for entry in logs if entry["event"] == "sync_reconcile_interrupted"]
+    assert (interrupted["have"], interrupted["pushed"]) == (120, 75)
+    assert interrupted["seconds"] > 0
 
 
 async def test_changes_name_the_origin_of_events_that_came_by_sync(tmp_path, alice):

@@ -13,6 +13,7 @@ import asyncio
 import json
 import sqlite3
 import time
+from collections import Counter
 
 import nostr_sdk as sdk
 import pytest
@@ -21,7 +22,7 @@ from relay.server.app import Relay
 from relay.sync.command import sync_once
 from relay.sync.peer import PeerError
 from relay.sync.scheduler import sync_options
-from relay.sync.session import GONE_LOCALLY, MISSING, SyncReport, classify
+from relay.sync.session import ERROR, GONE_LOCALLY, MISSING, SETTLED, STORED, SyncReport, classify, push_chunk
 from relay.sync.state import read_states
 from tests.helpers import Keys
 from tests.served import free_port, relay_cli_async
@@ -312,6 +313,31 @@ async def test_push_refusal_that_is_an_error_fails_the_cli(tmp_path, alice):
     assert "pushed 2, settled 0, errors 1" in out
     assert "  error 1: blocked: pubkey not allowed" in out.splitlines()
     assert "finished with 1 errors" in err
+
+
+async def test_interrupted_push_counts_every_event_the_peer_acknowledged(tmp_path, alice):
+    """A peer that drops the connection right after answering its 75th EVENT, inside the second chunk of 50: the
+    run fails, and its report and sync_peers.events_out count every answer it sent, the cut chunk's too (duplicates
+    settled, a refusal an error, the rest pushed)."""
+    config = local_config(tmp_path)
+    events = notes(alice, 120, NOW - 300)
+    await seed(config, events)
+    ok = {e["id"]: (True, "duplicate: already have this event") for e in events[::10]}
+    ok[events[5]["id"]] = (False, "blocked: pubkey not allowed")
+    options = sync_options(config, "up")
+    assert push_chunk(options.push_in_flight) == 50  # the drop falls inside a chunk
+    report = SyncReport()
+    async with ScriptedRelay(ok=ok, drop_after=75) as peer:
+        with pytest.raises(PeerError, match="closed the connection"):
+            await sync_once(config, peer.url, {}, options, report=report)
+    assert len(peer.received) == 75
+    answered = Counter(classify(*ok.get(e["id"], (True, "")))[0] for e in peer.received)
+    assert (report.pushed, sum(report.settled.values()), sum(report.errors.values())) == (
+        answered[STORED], answered[SETTLED], answered[ERROR])
+    conn = sqlite3.connect(config.store.path)
+    [state] = read_states(conn)
+    conn.close()
+    assert state.events_out == report.pushed
 
 
 async def test_fetch_validates_like_client_events_and_settles_what_cannot_be_stored(tmp_path, alice, bob):
