@@ -10,9 +10,9 @@ stores.py does), then:
    --reps times on its own connection, every event parsed), p50/p99 of REQ -> EOSE;
 2. capacity: ingest.run_ingest of new events (the next ones of the same seed), --conns connections at
    full speed for --capacity-seconds: events/s acknowledged with OK true;
-3. loaded: one process publishes new events paced at half that rate (a send every 10 ms), while the
-   same REQs run again; p50/p99, the publish rate reached, and p99 loaded / p99 unloaded per query.
-   Also printed: the cores busy, and how much of the phase the relay's event-loop thread spent on a CPU
+3. loaded: one process publishes new events paced at half that rate (or --load-rate events/s; a send
+   every 10 ms), while the same REQs run again; p50/p99, the publish rate reached, and p99 loaded /
+   p99 unloaded per query. Also printed: the cores busy, and how much of the phase the relay's event-loop thread spent on a CPU
    and runnable but waiting for one (the kernel's schedstat): on a small machine shared with the
    benchmark's own processes, that wait shows up in the tail.
 Like for like: the new events leave every answer's size as it was (the thread queried is one they do
@@ -89,6 +89,9 @@ def main() -> int:
     ap.add_argument("--conns", type=int, default=4, help="connections measuring ingest capacity (default 4)")
     ap.add_argument("--capacity-seconds", type=float, default=10.0, help="length of the capacity phase")
     ap.add_argument("--reps", type=int, default=100, help="repetitions of each REQ per phase (default 100)")
+    ap.add_argument("--load-rate", type=float, default=0.0,
+                    help="events/s published in the loaded phase (default 0: half the measured capacity, the"
+                         " target's load); a fixed rate compares relays at the same load")
     ap.add_argument("--relay", choices=["ours", "nostr-relay"], default="ours",
                     help="the relay measured (default ours; nostr-relay: the PyPI reference, stores.py)")
     args = ap.parse_args()
@@ -108,7 +111,7 @@ def main() -> int:
         idle = latencies(srv.url, targets, store, args.reps)
         idle_wait = (common.thread_schedstat(loop_pid)[1] - idle_loop0[1]) / (time.perf_counter() - idle_t0)
         capacity = ingest.run_ingest(srv.url, for_capacity, args.conns, 1000, srv.pid, args.capacity_seconds, 30.0)
-        rate = capacity["eps"] / 2
+        rate = args.load_rate or capacity["eps"] / 2
         print(f"ingest capacity: {capacity['eps']:,.0f} events/s OK true ({ingest.fmt(capacity)})", flush=True)
         ctx = mp.get_context("fork")
         stop, out = ctx.Event(), ctx.Queue()
