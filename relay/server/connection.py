@@ -134,6 +134,27 @@ def _discard_unsent_on_close(ws: ServerConnection) -> None:
             pass  # closed already
 
 
+class _RateWindow:
+    """How fast a peer takes one stored answer: when the current window began (loop seconds) and its
+    taken-bytes count then (`Connection._taken_bytes`); None before the first look."""
+
+    __slots__ = ("start", "taken")
+
+    def __init__(self) -> None:
+        self.start: float | None = None
+        self.taken = 0
+
+    def too_slow(self, now: float, taken: int, seconds: float, min_rate: float) -> bool:
+        """True when the window has lasted `seconds` and less than `min_rate` bytes per second were taken in it;
+        a window that has lasted that long and was fast enough is begun again at `now`."""
+        if self.start is not None and now - self.start < seconds:
+            return False
+        if self.start is not None and taken - self.taken < min_rate * (now - self.start):
+            return True
+        self.start, self.taken = now, taken
+        return False
+
+
 class _StalledReader(Exception):
     """The peer took nothing of its stored results for `limits.stored_results_timeout_seconds`, or less than
     `limits.stored_results_min_bytes_per_second` over that long: it is dropped."""
@@ -448,24 +469,26 @@ class Connection:
         try:
             sent = {raw[_ID_SLICE] for raw in stored}
             stored.reverse()  # chunks are popped from the end, so each is freed once sent
+            window = _RateWindow()  # over the whole answer: one chunk may take less than a window
             while stored:
                 chunk = [stored.pop()]  # one event at least, however large
                 size = len(chunk[0])
                 while stored and len(chunk) < _STORED_CHUNK and size + len(stored[-1]) <= _STORED_CHUNK_BYTES:
                     chunk.append(stored.pop())
                     size += len(chunk[-1])
-                await self._send_while_read([encode_event(sub_id, raw) for raw in chunk])
+                await self._send_while_read([encode_event(sub_id, raw) for raw in chunk], window)
                 budget.release(size)
                 held -= size
             return sent
         finally:
             budget.release(held)
 
-    async def _send_while_read(self, messages: list[bytes]) -> None:
+    async def _send_while_read(self, messages: list[bytes], window: _RateWindow) -> None:
         """`send_many`, dropping the connection as a slow reader once its peer has taken nothing of what
         was written for `limits.stored_results_timeout_seconds`, or less than
         `limits.stored_results_min_bytes_per_second` over that long: a client that asks and never reads,
-        or reads a trickle, must not keep its share of the stored-results budget.
+        or reads a trickle, must not keep its share of the stored-results budget. `window` carries the rate
+        measure from one call to the next of the same answer.
 
         Raises:
             _StalledReader: the connection is being dropped.
@@ -473,15 +496,16 @@ class Connection:
         """
         if not await self._while_taking(self.send_many(messages), self.ws.drain,
                                         self._limits.stored_results_timeout_seconds,
-                                        self._limits.stored_results_min_bytes_per_second):
+                                        self._limits.stored_results_min_bytes_per_second, window):
             self.drop_slow_reader("slow reader: stored events not read in time")
             raise _StalledReader
 
     async def _while_taking(self, waiting: Awaitable, then: Callable[[], Awaitable], seconds: float,
-                            min_rate: float = 0.0) -> bool:
+                            min_rate: float = 0.0, window: _RateWindow | None = None) -> bool:
         """Await `waiting`, looking every 0.5 s whether the peer takes what was written to it: False,
         `waiting` cancelled, once it has taken nothing for `seconds`, or less than `min_rate` bytes per
-        second over a window of `seconds` (windows start at the first look); True when `waiting` is done.
+        second over a window of `seconds` (`window`, which begins at its first look and may span several
+        calls); True when `waiting` is done.
         After each look `then()` is awaited in its place (`waiting` is cancelled by the look).
 
         Progress is the bytes the peer's TCP acknowledges. Waiting for the socket to become writable
@@ -494,7 +518,6 @@ class Connection:
             ConnectionClosed: the socket is closed.
         """
         taken, still = None, 0.0  # no baseline before the first look: most writes never wait that long
-        window_start, window_taken = 0.0, 0  # the rate window: when it began, the count then
         loop = asyncio.get_running_loop()
         while True:
             try:
@@ -504,16 +527,10 @@ class Connection:
             except TimeoutError:  # what was written stays with the transport
                 pass
             now = self._taken_bytes()
-            if taken is None:
-                window_start, window_taken = loop.time(), now
             still = 0.0 if taken is None or now > taken else still + _PROGRESS_CHECK_SECONDS
             taken = now
-            if still >= seconds:
+            if still >= seconds or (min_rate and window.too_slow(loop.time(), now, seconds, min_rate)):
                 return False
-            if min_rate and (elapsed := loop.time() - window_start) >= seconds:
-                if now - window_taken < min_rate * elapsed:
-                    return False
-                window_start, window_taken = loop.time(), now
             waiting = then()
 
     async def _keepalive(self) -> None:
@@ -609,14 +626,15 @@ class Connection:
 
     def _drop(self, code: int, reason: str) -> bool:
         """Close this connection for not reading or not answering in time; True when that is to be counted:
-        False when it is closing already, or its peer is leaving (it sent its close frame or FIN).
+        False when it is closing already, or its WebSocket is no longer open: its peer is leaving (it sent
+        its close frame or FIN), or the relay is closing it (shutdown).
 
         Its subscriptions end and its queued messages go now. The close frame waits behind what the
         socket holds; when the close handshake has not ended within websockets' close timeout (10 s),
         the TCP connection is reset and its unsent bytes discarded. Left to websockets, a dropped
         non-reader stayed connected until it read (the close waits for the socket to drain), and then
-        its socket held 3 MB in the kernel (FIN-WAIT-1) for minutes. A leaving peer is reset at once:
-        it has said goodbye, and what it did not read is of no use to it.
+        its socket held 3 MB in the kernel (FIN-WAIT-1) for minutes. A connection no longer open is
+        reset at once: what its peer did not read is of no use to it.
         """
         if self._closing:
             return False
@@ -636,7 +654,7 @@ class Connection:
             async with asyncio.timeout(self.ws.close_timeout):
                 await self.ws.close(code, reason)
         except TimeoutError:
-            self.ws.transport.abort()  # a reset: `_drop` set SO_LINGER to 0
+            reset(self.ws)
 
     async def _send_queued(self) -> None:
         try:

@@ -138,14 +138,14 @@ class RateLimits:
         """False when `ip` is limited and has `ip_connections` connections open already (0: no bound):
         the new one is closed with TOO_MANY_CONNECTIONS."""
         cap = self.config.ip_connections
-        if not cap or not self.config.enabled or _within(ip, self._exempt):
+        if not cap or not self._limited(ip):
             return True
         state = self._ips.get(ip)
         return state is None or state.connections < cap
 
     def open(self, ip: str) -> ConnectionRate | None:
         """The rate of a new connection from `ip`; None when it is not limited (disabled, or `ip` exempt)."""
-        if not self.config.enabled or _within(ip, self._exempt):
+        if not self._limited(ip):
             return None
         self._forget_idle()
         state = self._ips.get(ip) or self._idle.pop(ip, None)
@@ -156,6 +156,9 @@ class RateLimits:
         self._ips[ip] = state
         state.connections += 1
         return ConnectionRate(ip, _Buckets(self._own), state)
+
+    def _limited(self, ip: str) -> bool:
+        return self.config.enabled and not _within(ip, self._exempt)
 
     def close(self, rate: ConnectionRate | None) -> None:
         """The connection holding `rate` is gone (or no longer limited); None does nothing."""

@@ -13,6 +13,7 @@ import sqlite3
 import time
 from functools import cache
 
+import orjson
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -101,8 +102,8 @@ def _parse_fully(frame: str | bytes) -> None:
     elif type(envelope) is ReqEnvelope:
         for f in envelope.filters:
             _check_filter_runs(f)
-    elif type(envelope) is NegOpenEnvelope:
-        assert type(envelope.initial_message) is bytes
+    elif type(envelope) is NegOpenEnvelope:  # the bytes are exactly the hex the client sent
+        assert envelope.initial_message.hex() == orjson.loads(frame)[3].lower()
 
 
 @examples(100)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
 
 import pytest
@@ -16,7 +17,7 @@ from websockets.protocol import State
 
 from relay.server.app import Relay
 from tests.conftest import make_config
-from tests.helpers import Client, eventually, raw_websocket, small_buffer_socket, tcp_sockets
+from tests.helpers import Client, eventually, raw_websocket, small_buffer_socket, store_events, tcp_sockets
 
 
 async def test_results_past_the_budget_are_refused_and_every_byte_comes_back(tmp_path, alice):
@@ -274,25 +275,36 @@ async def test_a_slow_reader_is_not_closed_by_the_keepalive_while_it_reads(tmp_p
         await relay.stop()
 
 
-async def test_a_reader_taking_its_answer_slower_than_the_minimum_rate_is_dropped(tmp_path, alice):
-    """A client taking one 30 kB event a second (about 30 kB/s, never 4 s without taking anything) reads below
-    `stored_results_min_bytes_per_second` (64 KiB/s here): after a 4 s window it is dropped (1008) and
-    counted, so a few steady trickles cannot hold the stored-results budget for as long as they like."""
-    relay = await _big_answers_relay(tmp_path, alice, limits={"max_query_bytes": 9_500_000,
-                                                              "max_stored_results_bytes": 20_000_000,
-                                                              "stored_results_timeout_seconds": 4.0,
-                                                              "stored_results_min_bytes_per_second": 65_536})
+@pytest.mark.parametrize("event_bytes, per_second, window", [(30_000, 1, 4.0), (1_000, 30, 10.0)],
+                         ids=["30kB", "1kB"])
+async def test_a_reader_taking_its_answer_slower_than_the_minimum_rate_is_dropped(tmp_path, alice, event_bytes,
+                                                                                   per_second, window):
+    """A client taking about 30 kB/s of its answer, steadily (never `window` seconds without taking anything),
+    reads below `stored_results_min_bytes_per_second` (64 KiB/s here): after one window
+    (`stored_results_timeout_seconds`) it is dropped (1008) and counted, so a few steady trickles cannot hold
+    the stored-results budget for as long as they like. With 1 kB events and the relay's socket send buffer
+    at 64 KiB, no single 64-event chunk waits a whole 10 s window, so the window must span chunks (measured
+    per chunk, it never ended and this reader was kept)."""
+    relay = Relay(make_config(tmp_path, limits={"max_query_bytes": 9_500_000, "max_stored_results_bytes": 20_000_000,
+                                                "stored_results_timeout_seconds": window,
+                                                "stored_results_min_bytes_per_second": 65_536}))
+    await relay.start()
+    count = 6_000_000 // event_bytes
+    await store_events(relay.store, [alice.sign(content=f"{i} " + "z" * event_bytes, created_at=1_700_000_000 + i)
+                                     for i in range(count)])
     slow = await _non_reader(relay, receive_buffer=65_536)
+    (served,) = relay.connections  # a kernel send buffer of 64 KiB (no autotuning): each chunk waits ~2 s
+    served.ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65_536)
 
     async def trickle() -> None:
         with contextlib.suppress(ConnectionClosed):
             while True:
                 await slow.recv()
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(1 / per_second)
 
     reading = asyncio.create_task(trickle())
     try:
-        await slow.send(json.dumps(["REQ", "slow", {"limit": 5000}]))
+        await slow.send(json.dumps(["REQ", "slow", {"limit": count}]))
         assert await eventually(lambda: relay.slow_readers == 1, timeout=30)
         assert await eventually(lambda: not relay.connections, timeout=30)
         assert relay.stored_results.held == 0
