@@ -42,6 +42,7 @@ class ServerConfig:
     shutdown_timeout_seconds: float = 10.0
     ping_interval_seconds: float = 30.0  # a WebSocket ping to each client this often
     ping_timeout_seconds: float = 30.0  # a client neither answering nor reading this long is closed (1011)
+    memory_trim_seconds: float = 30.0  # freed heap memory is handed back to the OS this often (glibc); 0: never
 
 
 @dataclass(frozen=True)

@@ -118,10 +118,15 @@ class Client:
         await self.ws.close()
 
 
-async def raw_websocket(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def raw_websocket(port: int, receive_buffer: int = 0) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A TCP connection to the relay on loopback `port` that has done the WebSocket handshake and nothing
-    else: the caller reads raw frames, or nothing at all (no pong, no close)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    else: the caller reads raw frames, or nothing at all (no pong, no close). `receive_buffer`: the kernel
+    receive buffer in bytes (0: the kernel's default), small so that the relay's writes stall sooner."""
+    if receive_buffer:
+        reader, writer = await asyncio.open_connection(sock=await small_buffer_socket(f"ws://127.0.0.1:{port}",
+                                                                                     receive_buffer))
+    else:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"GET / HTTP/1.1\r\nHost: relay\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                  b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
     assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).startswith(b"HTTP/1.1 101")

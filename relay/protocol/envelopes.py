@@ -170,7 +170,7 @@ def parse_client_message(data: str | bytes, max_filters: int, max_items: int = 1
         # An EVENT's object is validated later (parse_event); an AUTH's must at least be an object.
         if len(message) != 2 or (verb == "AUTH" and type(message[1]) is not dict):
             ref = message[1].get("id") if len(message) > 1 and type(message[1]) is dict else None
-            raise MessageError(Rejection("invalid", f"{verb} takes exactly one event"), verb,
+            raise MessageError(Rejection("invalid", f"{verb} takes exactly one event object"), verb,
                                ref if is_hex64(ref) else None)
         return EventEnvelope(message[1]) if verb == "EVENT" else AuthEnvelope(message[1])
     if verb in ("REQ", "COUNT"):

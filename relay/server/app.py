@@ -96,6 +96,9 @@ class Relay:
             self.verifier.close()
             raise
         self._background = [asyncio.create_task(self._purge_expired_forever(), name="expiry-purge")]
+        if (trim := _malloc_trim()) is not None and self.config.server.memory_trim_seconds > 0:
+            self._background.append(asyncio.create_task(
+                _trim_memory_forever(trim, self.config.server.memory_trim_seconds), name="memory-trim"))
         from relay.retention import is_configured, retention_forever  # [retention] rules and max_events
 
         if is_configured(self.config):
@@ -179,10 +182,11 @@ class Relay:
                 if not private or sub.connection.access.may_read(event):
                     sub.deliver(event)
 
-    def slow_reader_dropped(self) -> None:
-        """Count one reader disconnected for not reading live events or stored results in time."""
+    def slow_reader_dropped(self, **fields) -> None:
+        """Count one reader disconnected for not reading live events or stored results in time; `fields`
+        (conn_id, remote) go in the log line: a live event's fan-out runs outside the connection's task."""
         self.slow_readers += 1
-        log.info("slow_reader_disconnected", total=self.slow_readers)
+        log.info("slow_reader_disconnected", total=self.slow_readers, **fields)
 
     def keepalive_timed_out(self) -> None:
         """Count one connection closed (1011) for neither answering a ping nor reading in time."""
@@ -265,6 +269,27 @@ def _unmap_large_blocks_when_freed() -> None:
     except (OSError, AttributeError):
         return
     mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's `malloc_trim`, or None where the C library has none."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+async def _trim_memory_forever(trim: Callable[[int], int], seconds: float) -> None:
+    """Every `seconds`, hand the heap memory freed since back to the OS (`trim(0)`, on a worker thread).
+
+    glibc keeps freed blocks under 1 MiB in its heaps: after 10 non-reading subscribers were sent 300
+    events of 100 kB (and dropped), the relay stayed at 351 MB, then 435, 475 and 511 MB over three more
+    rounds, with 16 MB of live Python objects; trimmed, 95-130 MB. A trim took 27-35 ms after such a round
+    and under 1 ms otherwise; ctypes lets go of the GIL meanwhile.
+    """
+    while True:
+        await asyncio.sleep(seconds)
+        await asyncio.to_thread(trim, 0)
 
 
 async def run_relay(config: Config) -> int:

@@ -130,8 +130,8 @@ def _discard_unsent_on_close(ws: ServerConnection) -> None:
     if sock is not None:
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
-        except OSError:
-            pass  # closed already
+        except (OSError, ValueError):
+            pass  # closed already (uvloop's socket object raises ValueError: negative file descriptor)
 
 
 class _RateWindow:
@@ -190,6 +190,7 @@ class Connection:
         self.relay = relay
         self.access = ConnectionAccess(relay.access, relay_url)
         self.rate = relay.rate_limits.open(ip)
+        self._log_fields = structlog.contextvars.get_contextvars()  # conn_id, remote: bound by Relay._handle
         self.subscriptions: dict[str, LiveSubscription] = {}
         self._limits = relay.config.limits
         self._in_flight = 0  # EVENTs whose OK has not been written yet
@@ -622,7 +623,7 @@ class Connection:
         """Disconnect a reader that does not read what it asked for in time (counted once, and only while its
         peer has not begun to close); `reason` goes in the close frame."""
         if self._drop(1008, reason):
-            self.relay.slow_reader_dropped()
+            self.relay.slow_reader_dropped(**self._log_fields)
 
     def _drop(self, code: int, reason: str) -> bool:
         """Close this connection for not reading or not answering in time; True when that is to be counted:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import structlog.testing
 import websockets
 
 from tests.conftest import make_config
@@ -209,11 +210,15 @@ async def test_slow_reader_is_dropped_by_queued_bytes(tmp_path, alice):
     padding = "b" * 20_000
     try:
         await slow.req("s", {"kinds": [1]})
-        for i in range(600):
-            await publisher.send(["EVENT", alice.sign(content=f"{i} {padding}")])
-        for _ in range(600):
-            assert (await publisher.recv(timeout=30))[2] is True
+        with structlog.testing.capture_logs() as logs:
+            for i in range(600):
+                await publisher.send(["EVENT", alice.sign(content=f"{i} {padding}")])
+            for _ in range(600):
+                assert (await publisher.recv(timeout=30))[2] is True
         assert relay.slow_readers == 1
+        # dropped by the writer's fan-out, outside its connection's task: the log line still names it
+        (line,) = [e for e in logs if e["event"] == "slow_reader_disconnected"]
+        assert line["remote"] == "127.0.0.1" and line["conn_id"] >= 1
     finally:
         await slow.close()
         await publisher.close()

@@ -6,11 +6,13 @@ import asyncio
 import contextlib
 import os
 import signal
+from collections.abc import Callable
 
 import orjson
 import pytest
 import structlog.testing
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Close, Frame, Opcode
 
 from relay.server.app import Relay
 from tests.conftest import make_config
@@ -104,6 +106,37 @@ async def test_past_the_shutdown_timeout_opening_handshakes_are_reset_too(tmp_pa
         with contextlib.suppress(ConnectionResetError):
             assert await asyncio.wait_for(reader.read(), 2) == b""  # ended: a reset, or an end of stream
         writer.close()
+
+
+def test_sigterm_after_a_connection_was_reset_exits_0(tmp_path):
+    """`relay serve` (uvloop) resets a client that sent its close frame mid-answer and then read nothing; a
+    later SIGTERM still stops cleanly (exit 0, relay_stopped). Resetting that ended connection again at
+    shutdown raised ValueError from uvloop's socket object ("negative file descriptor") and exited 1."""
+    writer_keys = Keys(0x6000)
+    port = free_port()
+    env = clean_env(RELAY_LIMITS__STORED_RESULTS_TIMEOUT_SECONDS="1", RELAY_RATE_LIMITS__ENABLED="false")
+
+    async def leave_mid_answer(closed: Callable[[], bool]) -> None:
+        client = await Client.connect(f"ws://127.0.0.1:{port}")
+        for i in range(300):  # 9 MB: more than the kernel's socket buffers take
+            assert (await client.publish(writer_keys.sign(content=f"{i} " + "z" * 30_000)))[2] is True
+        await client.close()
+        reader, writer = await raw_websocket(port, receive_buffer=4096)
+        writer.write(Frame(Opcode.TEXT, b'["REQ","big",{"limit":5000}]').serialize(mask=True, extensions=[]))
+        await asyncio.sleep(0.5)
+        writer.write(Frame(Opcode.CLOSE, Close(1000, "bye").serialize()).serialize(mask=True, extensions=[]))
+        assert await eventually(closed, timeout=30)  # reset once it has taken nothing for 1 s
+        writer.transport.abort()
+
+    with Served(tmp_path, "--db", tmp_path / "relay.db", "--port", port, env=env) as served:
+        served.wait_health(port)
+        asyncio.run(leave_mid_answer(lambda: sum(e.get("event") == "connection_closed"
+                                                 for e in served.log_events()) == 2))
+        os.kill(served.proc.pid, signal.SIGTERM)
+        exit_code = served.proc.wait(timeout=30)
+        log = served.log_events()
+    assert exit_code == 0, served.stderr
+    assert any(e.get("event") == "relay_stopped" for e in log)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
