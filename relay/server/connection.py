@@ -299,10 +299,11 @@ class Connection:
 
     async def send(self, message: bytes) -> None:
         """Send one UTF-8 JSON message as a text frame (waits while the send buffer is full)."""
-        await self.send_many((message,))
+        await self.send_many([message])
 
-    async def send_many(self, messages) -> None:
-        """Write UTF-8 JSON messages as text frames, then wait while the send buffer is full.
+    async def send_many(self, messages: list[bytes]) -> None:
+        """Write UTF-8 JSON messages as text frames, then wait while the send buffer is full; `messages` is
+        emptied once written, so while the socket is slow they are held once (in the transport), not twice.
 
         websockets' `send_context` is the primitive its own `send` uses; one
         context per batch pays the flow-control wait once, not per message,
@@ -316,6 +317,7 @@ class Connection:
         async with self.ws.send_context():  # enters only while the connection is open
             self.ws.transport.write(b"".join([piece for message in messages
                                               for piece in (_text_frame_header(len(message)), message)]))
+            messages.clear()
 
     def _event(self, obj: object) -> None:
         # EVENT pipeline without a task per event: parse here, then callbacks

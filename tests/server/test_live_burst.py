@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tracemalloc
 
 import pytest
 import websockets
 
 from relay.config import ConfigError
+from relay.protocol import envelopes
 from relay.server.app import Relay
 from tests.conftest import make_config
-from tests.helpers import Client, small_buffer_socket, store_events
+from tests.helpers import Client, eventually, small_buffer_socket, store_events
 
 
 async def test_a_reader_keeping_up_gets_a_commit_larger_than_its_live_queue(tmp_path, alice):
@@ -57,6 +59,33 @@ async def test_a_non_reading_subscriber_is_handed_one_transaction_of_live_events
         assert sum(batches) == 100 and max(batches) <= 10, batches
         assert 0 < max(buffered) <= 1_048_576 + 65_536
     finally:
+        stalled.transport.abort()
+        await relay.stop()
+
+
+async def test_live_frames_waiting_for_a_non_reader_are_held_once(tmp_path, alice):
+    """80 events of 100 kB (two transactions of at most 4 MiB) to a subscriber that reads nothing: while the
+    first transaction's write waits for the socket, its frames live only in the transport's buffer (one joined
+    copy), and the relay's own frames are just the second transaction's, queued. Before, the first
+    transaction's 4 MB of frames were also kept in the sender's list: 8.0 MB of frames instead of 3.9."""
+    relay = Relay(make_config(tmp_path, negentropy={"enabled": False}))
+    await relay.start()
+    stalled = await websockets.connect(relay.url, sock=await small_buffer_socket(relay.url), max_size=None,
+                                       max_queue=1, ping_interval=None)
+    events = [alice.sign(content=f"{i} " + "x" * 100_000) for i in range(80)]
+    tracemalloc.start()
+    try:
+        await stalled.send(json.dumps(["REQ", "live", {"kinds": [1]}]))
+        await stalled.recv()  # EOSE: the subscription is live
+        (connection,) = relay.connections
+        await store_events(relay.store, events)
+        assert await eventually(lambda: connection._sending and connection._out, timeout=10)
+        frames = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, envelopes.__file__)])
+        held = sum(stat.size for stat in frames.statistics("filename"))
+        queued = sum(map(len, connection._out))
+        assert queued > 1_000_000 and held < queued + 100_000, (held, queued)
+    finally:
+        tracemalloc.stop()
         stalled.transport.abort()
         await relay.stop()
 
