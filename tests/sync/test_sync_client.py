@@ -323,7 +323,7 @@ async def test_interrupted_push_counts_every_event_the_peer_acknowledged(tmp_pat
     events = notes(alice, 120, NOW - 300)
     await seed(config, events)
     ok = {e["id"]: (True, "duplicate: already have this event") for e in events[::10]}
-    ok[events[5]["id"]] = (False, "blocked: pubkey not allowed")
+    ok[events[-6]["id"]] = (False, "blocked: pubkey not allowed")  # the push goes newest first: this one arrives
     options = sync_options(config, "up")
     assert push_chunk(options.push_in_flight) == 50  # the drop falls inside a chunk
     report = SyncReport()
@@ -332,6 +332,7 @@ async def test_interrupted_push_counts_every_event_the_peer_acknowledged(tmp_pat
             await sync_once(config, peer.url, {}, options, report=report)
     assert len(peer.received) == 75
     answered = Counter(classify(*ok.get(e["id"], (True, "")))[0] for e in peer.received)
+    assert answered[ERROR] == 1 and answered[SETTLED] > 0
     assert (report.pushed, sum(report.settled.values()), sum(report.errors.values())) == (
         answered[STORED], answered[SETTLED], answered[ERROR])
     conn = sqlite3.connect(config.store.path)
