@@ -12,8 +12,8 @@ stores.py does), then:
    full speed for --capacity-seconds: events/s acknowledged with OK true;
 3. loaded: one process publishes new events paced at half that rate (or --load-rate events/s; a send
    every 10 ms), while the same REQs run again; p50/p99, the publish rate reached, and p99 loaded /
-   p99 unloaded per query. Also printed: the cores busy, and how much of the phase the relay's event-loop thread spent on a CPU
-   and runnable but waiting for one (the kernel's schedstat): on a small machine shared with the
+   p99 unloaded per query. Also printed: the cores busy, and how much of the phase the relay's event-loop
+   thread spent on a CPU and runnable but waiting for one (the kernel's schedstat): on a small machine shared with the
    benchmark's own processes, that wait shows up in the tail.
 Like for like: the new events leave every answer's size as it was (the thread queried is one they do
 not extend; the other REQs are full at their limit of 500 or ask for fixed ids); the events in each

@@ -96,7 +96,7 @@ class Relay:
             self.verifier.close()
             raise
         self._background = [asyncio.create_task(self._purge_expired_forever(), name="expiry-purge")]
-        if (trim := _malloc_trim()) is not None and self.config.server.memory_trim_seconds > 0:
+        if (trim := _libc("malloc_trim")) is not None and self.config.server.memory_trim_seconds > 0:
             self._background.append(asyncio.create_task(
                 _trim_memory_forever(trim, self.config.server.memory_trim_seconds), name="memory-trim"))
         from relay.retention import is_configured, retention_forever  # [retention] rules and max_events
@@ -264,17 +264,14 @@ def _unmap_large_blocks_when_freed() -> None:
     the price is fresh pages for each such block (those rounds took 2.8-3.0 s instead of 1.9-2.2 s).
     Nothing happens where the C library has no `mallopt`.
     """
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
+    if (mallopt := _libc("mallopt")) is not None:
+        mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's `malloc_trim`, or None where the C library has none."""
+def _libc(name: str) -> Callable | None:
+    """The C library's function `name` (glibc's `mallopt`, `malloc_trim`), or None where it has none."""
     try:
-        return ctypes.CDLL(None).malloc_trim
+        return getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
 

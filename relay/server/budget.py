@@ -17,11 +17,20 @@ class ByteBudget:
         self.within = within
         self.held = 0
 
+    def short_of(self, n: int) -> ByteBudget | None:
+        """The budget, this one or one it is `within`, that `n` more bytes would pass (the innermost first);
+        None when they fit in all."""
+        if self.held + n > self.max_bytes:
+            return self
+        return None if self.within is None else self.within.short_of(n)
+
     def take(self, n: int) -> bool:
         """Reserve `n` bytes here and in `within`; False (nothing reserved) when that would pass either bound."""
-        if self.held + n > self.max_bytes or (self.within is not None and not self.within.take(n)):
+        if self.short_of(n) is not None:
             return False
         self.held += n
+        if self.within is not None:
+            self.within.take(n)
         return True
 
     def release(self, n: int) -> None:

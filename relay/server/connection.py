@@ -135,21 +135,24 @@ def _discard_unsent_on_close(ws: ServerConnection) -> None:
 
 
 class _RateWindow:
-    """How fast a peer takes one stored answer: when the current window began (loop seconds) and its
-    taken-bytes count then (`Connection._taken_bytes`); None before the first look."""
+    """Whether a peer takes one stored answer at `min_rate` bytes per second at least, over windows of
+    `seconds`: when the current window began (loop seconds; None before the first look) and the
+    taken-bytes count then (`Connection._taken_bytes`)."""
 
-    __slots__ = ("start", "taken")
+    __slots__ = ("seconds", "min_rate", "start", "taken")
 
-    def __init__(self) -> None:
+    def __init__(self, seconds: float, min_rate: float) -> None:
+        self.seconds = seconds
+        self.min_rate = min_rate
         self.start: float | None = None
         self.taken = 0
 
-    def too_slow(self, now: float, taken: int, seconds: float, min_rate: float) -> bool:
+    def too_slow(self, now: float, taken: int) -> bool:
         """True when the window has lasted `seconds` and less than `min_rate` bytes per second were taken in it;
         a window that has lasted that long and was fast enough is begun again at `now`."""
-        if self.start is not None and now - self.start < seconds:
+        if self.start is not None and now - self.start < self.seconds:
             return False
-        if self.start is not None and taken - self.taken < min_rate * (now - self.start):
+        if self.start is not None and taken - self.taken < self.min_rate * (now - self.start):
             return True
         self.start, self.taken = now, taken
         return False
@@ -449,12 +452,12 @@ class Connection:
     def _over_budget(self, budget: ByteBudget, size: int) -> Rejection | None:
         """The "rate-limited:" refusal when `size` more bytes would pass the client IP's share or the relay's
         budget; None when they fit."""
-        if budget is not self.relay.stored_results and budget.held + size > budget.max_bytes:
-            return Rejection("rate-limited", "too many unsent results held for this address, read them first")
-        relay = self.relay.stored_results
-        if relay.held + size > relay.max_bytes:
+        short = budget.short_of(size)
+        if short is None:
+            return None
+        if short is self.relay.stored_results:
             return Rejection("rate-limited", "the relay holds too many unsent results, try again later")
-        return None
+        return Rejection("rate-limited", "too many unsent results held for this address, read them first")
 
     async def _send_stored(self, sub_id: str, stored: list[bytes], budget: ByteBudget) -> set[bytes]:
         """Send stored results in chunks under `budget` (the relay's, or the client IP's share of it),
@@ -467,12 +470,15 @@ class Connection:
                 slow reader and its bytes are given back.
         """
         held = sum(map(len, stored))
-        if not budget.take(held):
-            raise self._over_budget(budget, held)
+        if refusal := self._over_budget(budget, held):
+            raise refusal
+        budget.take(held)
         try:
             sent = {raw[_ID_SLICE] for raw in stored}
             stored.reverse()  # chunks are popped from the end, so each is freed once sent
-            window = _RateWindow()  # over the whole answer: one chunk may take less than a window
+            # One rate window over the whole answer: one chunk may take less than a window.
+            min_rate = self._limits.stored_results_min_bytes_per_second
+            window = _RateWindow(self._limits.stored_results_timeout_seconds, min_rate) if min_rate else None
             while stored:
                 chunk = [stored.pop()]  # one event at least, however large
                 size = len(chunk[0])
@@ -486,29 +492,27 @@ class Connection:
         finally:
             budget.release(held)
 
-    async def _send_while_read(self, messages: list[bytes], window: _RateWindow) -> None:
+    async def _send_while_read(self, messages: list[bytes], window: _RateWindow | None) -> None:
         """`send_many`, dropping the connection as a slow reader once its peer has taken nothing of what
         was written for `limits.stored_results_timeout_seconds`, or less than
         `limits.stored_results_min_bytes_per_second` over that long: a client that asks and never reads,
         or reads a trickle, must not keep its share of the stored-results budget. `window` carries the rate
-        measure from one call to the next of the same answer.
+        measure from one call to the next of the same answer (None: no minimum rate).
 
         Raises:
             _StalledReader: the connection is being dropped.
             ConnectionClosed: the socket is closed.
         """
         if not await self._while_taking(self.send_many(messages), self.ws.drain,
-                                        self._limits.stored_results_timeout_seconds,
-                                        self._limits.stored_results_min_bytes_per_second, window):
+                                        self._limits.stored_results_timeout_seconds, window):
             self.drop_slow_reader("slow reader: stored events not read in time")
             raise _StalledReader
 
     async def _while_taking(self, waiting: Awaitable, then: Callable[[], Awaitable], seconds: float,
-                            min_rate: float = 0.0, window: _RateWindow | None = None) -> bool:
+                            window: _RateWindow | None = None) -> bool:
         """Await `waiting`, looking every 0.5 s whether the peer takes what was written to it: False,
-        `waiting` cancelled, once it has taken nothing for `seconds`, or less than `min_rate` bytes per
-        second over a window of `seconds` (`window`, which begins at its first look and may span several
-        calls); True when `waiting` is done.
+        `waiting` cancelled, once it has taken nothing for `seconds`, or too little for `window` (which
+        begins at its first look and may span several calls); True when `waiting` is done.
         After each look `then()` is awaited in its place (`waiting` is cancelled by the look).
 
         Progress is the bytes the peer's TCP acknowledges. Waiting for the socket to become writable
@@ -532,7 +536,7 @@ class Connection:
             now = self._taken_bytes()
             still = 0.0 if taken is None or now > taken else still + _PROGRESS_CHECK_SECONDS
             taken = now
-            if still >= seconds or (min_rate and window.too_slow(loop.time(), now, seconds, min_rate)):
+            if still >= seconds or (window is not None and window.too_slow(loop.time(), now)):
                 return False
             waiting = then()
 

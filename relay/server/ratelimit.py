@@ -4,7 +4,8 @@ IP's share of the relay's budget for unsent REQ results.
 How this works: every limited connection holds a `ConnectionRate` with its
 own buckets (EVENT/AUTH, REQ/COUNT, NEG-OPEN) and the buckets of its client
 IP, shared by all connections from that IP; a message passes when both have
-a token.  An IP has at most `ip_connections` limited connections open.  An IP's buckets (and share) are kept while it has connections open and, after
+a token.  An IP has at most `ip_connections` limited connections open.  An
+IP's buckets (and share) are kept while it has connections open and, after
 its last one closes, until they would have refilled anyway
 (`burst / rate` seconds), at most `max_idle_ips` of them, so memory is bounded
 by the open connections.  The client IP is the socket's peer address, or the

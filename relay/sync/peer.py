@@ -328,9 +328,9 @@ class PeerConnection:
         """Send `["EVENT", raw]` for each (id, raw JSON) in one write and wait for every OK.
 
         `on_answer(event_id, accepted, message)` is called once per event with its last answer, as soon as
-        it is in: an accepted or final answer received before a failure is never lost.  Events refused with "auth-required:"
-        are sent once more after our AUTH is accepted; events refused with "rate-limited:" are sent again
-        after a pause (`RATE_LIMIT_PAUSES`); their refusal is answered only when not sent again.
+        it is in: an accepted or final answer received before a failure is never lost.  Events refused with
+        "auth-required:" are sent once more after our AUTH is accepted; events refused with "rate-limited:"
+        are sent again after a pause (`RATE_LIMIT_PAUSES`); their refusal is answered only when not sent again.
 
         Raises:
             PeerError: no OK for `reply_timeout_seconds` since the last one, lost connection, NOTICE, refused AUTH.
