@@ -13,6 +13,7 @@ from pathlib import Path
 import orjson
 import websockets
 from coincurve import PrivateKey
+from websockets.frames import Frame, Opcode
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 REAL_EVENTS = DATA / "all_real_valid_dedup.jsonl"
@@ -168,3 +169,15 @@ async def small_buffer_socket(url: str, receive_buffer: int = 4096) -> socket.so
     host, port = url.removeprefix("ws://").rsplit(":", 1)
     await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
     return sock
+
+
+async def non_reader(url: str, receive_buffer: int = 4096, **kwargs):
+    """A WebSocket client of `url` with a small receive buffer and a one-message queue: once it stops reading,
+    the relay's writes to it stall. `kwargs` go to websockets.connect."""
+    sock = await small_buffer_socket(url, receive_buffer)
+    return await websockets.connect(url, sock=sock, max_size=None, max_queue=1, ping_interval=None, **kwargs)
+
+
+def send_masked(writer: asyncio.StreamWriter, opcode: Opcode, payload: bytes) -> None:
+    """Write one masked client frame (RFC 6455 section 5.3) on a `raw_websocket` connection."""
+    writer.write(Frame(opcode, payload).serialize(mask=True, extensions=[]))

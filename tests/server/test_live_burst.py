@@ -8,13 +8,12 @@ import json
 import tracemalloc
 
 import pytest
-import websockets
 
 from relay.config import ConfigError
 from relay.protocol import envelopes
 from relay.server.app import Relay
 from tests.conftest import make_config
-from tests.helpers import Client, eventually, small_buffer_socket, store_events
+from tests.helpers import Client, eventually, non_reader, store_events
 
 
 async def test_a_reader_keeping_up_gets_a_commit_larger_than_its_live_queue(tmp_path, alice):
@@ -45,8 +44,7 @@ async def test_a_non_reading_subscriber_is_handed_one_transaction_of_live_events
     batches: list[int] = []
     record = relay.store.on_batch
     relay.store.on_batch = lambda events, seconds: (batches.append(events), record(events, seconds))
-    sock = await small_buffer_socket(relay.url)
-    stalled = await websockets.connect(relay.url, sock=sock, max_size=None, max_queue=1, ping_interval=None)
+    stalled = await non_reader(relay.url)
     buffered: list[int] = []
     try:
         await stalled.send(json.dumps(["REQ", "live", {"kinds": [1]}]))
@@ -70,8 +68,7 @@ async def test_live_frames_waiting_for_a_non_reader_are_held_once(tmp_path, alic
     transaction's 4 MB of frames were also kept in the sender's list: 8.0 MB of frames instead of 3.9."""
     relay = Relay(make_config(tmp_path, negentropy={"enabled": False}))
     await relay.start()
-    stalled = await websockets.connect(relay.url, sock=await small_buffer_socket(relay.url), max_size=None,
-                                       max_queue=1, ping_interval=None)
+    stalled = await non_reader(relay.url)
     events = [alice.sign(content=f"{i} " + "x" * 100_000) for i in range(80)]
     tracemalloc.start()
     try:

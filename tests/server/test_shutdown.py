@@ -12,11 +12,11 @@ import orjson
 import pytest
 import structlog.testing
 from websockets.exceptions import ConnectionClosed
-from websockets.frames import Close, Frame, Opcode
+from websockets.frames import Close, Opcode
 
 from relay.server.app import Relay
 from tests.conftest import make_config
-from tests.helpers import Client, Keys, eventually, raw_websocket, read_until_reset
+from tests.helpers import Client, Keys, eventually, raw_websocket, read_until_reset, send_masked
 from tests.served import Served, clean_env, free_port
 
 PUBLISHERS = 3
@@ -122,9 +122,9 @@ def test_sigterm_after_a_connection_was_reset_exits_0(tmp_path):
             assert (await client.publish(writer_keys.sign(content=f"{i} " + "z" * 30_000)))[2] is True
         await client.close()
         reader, writer = await raw_websocket(port, receive_buffer=4096)
-        writer.write(Frame(Opcode.TEXT, b'["REQ","big",{"limit":5000}]').serialize(mask=True, extensions=[]))
+        send_masked(writer, Opcode.TEXT, b'["REQ","big",{"limit":5000}]')
         await asyncio.sleep(0.5)
-        writer.write(Frame(Opcode.CLOSE, Close(1000, "bye").serialize()).serialize(mask=True, extensions=[]))
+        send_masked(writer, Opcode.CLOSE, Close(1000, "bye").serialize())
         assert await eventually(closed, timeout=30)  # reset once it has taken nothing for 1 s
         writer.transport.abort()
 

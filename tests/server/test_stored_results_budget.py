@@ -10,14 +10,13 @@ import socket
 import time
 
 import pytest
-import websockets
 from websockets.exceptions import ConnectionClosed
-from websockets.frames import Close, Frame, Opcode
+from websockets.frames import Close, Opcode
 from websockets.protocol import State
 
 from relay.server.app import Relay
 from tests.conftest import make_config
-from tests.helpers import Client, eventually, raw_websocket, small_buffer_socket, store_events, tcp_sockets
+from tests.helpers import Client, eventually, non_reader, raw_websocket, send_masked, store_events, tcp_sockets
 
 
 async def test_results_past_the_budget_are_refused_and_every_byte_comes_back(tmp_path, alice):
@@ -83,13 +82,6 @@ async def _big_answers_relay(tmp_path, alice, **sections) -> Relay:
     return relay
 
 
-async def _non_reader(relay: Relay, receive_buffer: int = 4096, **kwargs):
-    """A WebSocket client with a small receive buffer and a one-message queue: once it stops reading, the
-    relay's writes to it stall. `kwargs` go to websockets.connect."""
-    sock = await small_buffer_socket(relay.url, receive_buffer)
-    return await websockets.connect(relay.url, sock=sock, max_size=None, max_queue=1, ping_interval=None, **kwargs)
-
-
 async def _answer(client: Client, sub_id: str) -> tuple[str, int]:
     """REQ everything; (EOSE or CLOSED, events received)."""
     await client.send(["REQ", sub_id, {"limit": 5000}])
@@ -106,7 +98,7 @@ async def test_a_reader_that_never_reads_its_stored_results_is_dropped_and_frees
                                                               "max_query_bytes": 8_000_000,
                                                               "stored_results_timeout_seconds": 2.0})
     try:
-        stalled = await _non_reader(relay)
+        stalled = await non_reader(relay.url)
         await stalled.send(json.dumps(["REQ", "big", {"limit": 5000}]))  # 8 MB of the 12 MB budget; never read
         assert await eventually(lambda: relay.stored_results.held > 4_000_000)
         reader = await Client.connect(relay.url)
@@ -141,7 +133,7 @@ async def test_one_address_holds_its_share_of_the_budget_and_others_are_served(t
                                                   "events_per_second": 0.0, "ip_events_per_second": 0.0,
                                                   "ip_stored_results_bytes": 6_000_000})
     try:
-        stalled = await _non_reader(relay, additional_headers={"X-Forwarded-For": "198.51.100.1"})
+        stalled = await non_reader(relay.url, additional_headers={"X-Forwarded-For": "198.51.100.1"})
         await stalled.send(json.dumps(["REQ", "big", {"limit": 5000}]))
         assert await eventually(lambda: relay.stored_results.held > 1_000_000)  # past what the kernel takes
         same = await Client.connect(relay.url, additional_headers={"X-Forwarded-For": "198.51.100.1"})
@@ -171,7 +163,7 @@ async def test_a_dropped_non_reader_is_counted_once_and_its_unsent_bytes_are_dis
                                      limits={"max_stored_results_bytes": 12_000_000, "max_query_bytes": 8_000_000,
                                              "stored_results_timeout_seconds": 1.0})
     try:
-        stalled = await _non_reader(relay)
+        stalled = await non_reader(relay.url)
         client_port = stalled.transport.get_extra_info("sockname")[1]
         await stalled.send(json.dumps(["REQ", "big", {"limit": 5000}]))
         assert await eventually(lambda: relay.slow_readers + relay.keepalive_timeouts > 0)
@@ -193,13 +185,12 @@ async def test_a_client_leaving_mid_answer_is_reset_and_not_counted_as_a_slow_re
                                                               "stored_results_timeout_seconds": 1.0})
     reader, writer = await raw_websocket(relay.port)
     try:
-        writer.write(Frame(Opcode.TEXT, json.dumps(["REQ", "big", {"limit": 5000}]).encode())
-                     .serialize(mask=True, extensions=[]))
+        send_masked(writer, Opcode.TEXT, json.dumps(["REQ", "big", {"limit": 5000}]).encode())
         assert await eventually(lambda: relay.stored_results.held > 1_000_000)  # past what the kernel takes
         if leaving == "FIN":
             writer.write_eof()
         else:
-            writer.write(Frame(Opcode.CLOSE, Close(1000, "bye").serialize()).serialize(mask=True, extensions=[]))
+            send_masked(writer, Opcode.CLOSE, Close(1000, "bye").serialize())
         assert await eventually(lambda: not relay.connections, timeout=30)
         assert relay.stored_results.held == 0
         assert relay.slow_readers == 0 and relay.keepalive_timeouts == 0
@@ -215,7 +206,7 @@ async def test_one_connection_holds_one_answer_of_the_budget_at_a_time(tmp_path,
                                                               "max_query_bytes": 6_000_000,
                                                               "stored_results_timeout_seconds": 60.0})
     try:
-        stalled = await _non_reader(relay)
+        stalled = await non_reader(relay.url)
         for k in range(4):
             await stalled.send(json.dumps(["REQ", f"big{k}", {"limit": 5000}]))
         assert await eventually(lambda: relay.stored_results.held > 1_000_000)  # past what the kernel takes
@@ -237,7 +228,7 @@ async def test_a_slow_reader_that_keeps_reading_is_not_dropped(tmp_path, alice):
                                                               "max_stored_results_bytes": 20_000_000,
                                                               "stored_results_timeout_seconds": 8.0})
     try:
-        slow = await _non_reader(relay, receive_buffer=212_992)
+        slow = await non_reader(relay.url, receive_buffer=212_992)
         await slow.send(json.dumps(["REQ", "slow", {"limit": 5000}]))
         got, deadline = 0, time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -260,7 +251,7 @@ async def test_a_slow_reader_is_not_closed_by_the_keepalive_while_it_reads(tmp_p
                                      server={"ping_interval_seconds": 1.0, "ping_timeout_seconds": 3.0},
                                      limits={"max_query_bytes": 9_500_000, "max_stored_results_bytes": 20_000_000})
     try:
-        slow = await _non_reader(relay, receive_buffer=65_536)
+        slow = await non_reader(relay.url, receive_buffer=65_536)
         await slow.send(json.dumps(["REQ", "slow", {"limit": 5000}]))
         got, deadline = 0, time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -292,7 +283,7 @@ async def test_a_reader_taking_its_answer_slower_than_the_minimum_rate_is_droppe
     count = 6_000_000 // event_bytes
     await store_events(relay.store, [alice.sign(content=f"{i} " + "z" * event_bytes, created_at=1_700_000_000 + i)
                                      for i in range(count)])
-    slow = await _non_reader(relay, receive_buffer=65_536)
+    slow = await non_reader(relay.url, receive_buffer=65_536)
     (served,) = relay.connections  # a kernel send buffer of 64 KiB (no autotuning): each chunk waits ~2 s
     served.ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65_536)
 
