@@ -205,6 +205,7 @@ class Connection:
         self._queued_live_bytes = 0
         self._queued_oks = 0
         self._sending = False  # the sender is writing or waits for the socket to take its last batch
+        self._written = 0  # bytes of frames given to the transport (`_taken_bytes` where TCP_INFO is missing)
         self._closing = False
         self._draining = False  # the relay is shutting down: frames are read and dropped
         self.negentropy = relay.negentropy.sessions_for(self.send, self.access)  # NIP-77 (relay/server/negentropy.py)
@@ -318,9 +319,12 @@ class Connection:
             ConnectionClosed: the socket is closed.
         """
         async with self.ws.send_context():  # enters only while the connection is open
-            self.ws.transport.write(b"".join([piece for message in messages
-                                              for piece in (_text_frame_header(len(message)), message)]))
+            data = b"".join([piece for message in messages
+                             for piece in (_text_frame_header(len(message)), message)])
             messages.clear()
+            self._written += len(data)
+            self.ws.transport.write(data)
+            del data  # while the socket is slow, what it has not taken stays in the transport only
 
     def _event(self, obj: object) -> None:
         # EVENT pipeline without a task per event: parse here, then callbacks
@@ -566,7 +570,8 @@ class Connection:
 
     def _taken_bytes(self) -> int:
         """A count of bytes that grows as the peer takes what was written to it: its TCP acknowledged
-        bytes (`tcp_info.tcpi_bytes_acked`, Linux 4.1+); elsewhere, minus the transport's unsent bytes."""
+        bytes (`tcp_info.tcpi_bytes_acked`, Linux 4.1+); elsewhere, the bytes the transport has handed to
+        the kernel (written by `send_many`, less those still unsent): it never falls when more is written."""
         transport = self.ws.transport
         sock = transport.get_extra_info("socket")
         if _TCP_INFO is not None and sock is not None:
@@ -576,7 +581,7 @@ class Connection:
                 info = b""
             if len(info) >= _BYTES_ACKED.size + _BYTES_ACKED_OFFSET:
                 return _BYTES_ACKED.unpack_from(info, _BYTES_ACKED_OFFSET)[0]
-        return -transport.get_write_buffer_size()
+        return self._written - transport.get_write_buffer_size()
 
     async def _count(self, req: CountEnvelope) -> None:
         if refusal := self._read_refusal(req.filters, REQS):

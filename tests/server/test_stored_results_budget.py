@@ -14,6 +14,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import Close, Opcode
 from websockets.protocol import State
 
+from relay.server import connection
 from relay.server.app import Relay
 from tests.conftest import make_config
 from tests.helpers import Client, eventually, non_reader, raw_websocket, send_masked, store_events, tcp_sockets
@@ -302,4 +303,28 @@ async def test_a_reader_taking_its_answer_slower_than_the_minimum_rate_is_droppe
     finally:
         reading.cancel()
         slow.transport.abort()
+        await relay.stop()
+
+
+async def test_without_tcp_info_a_reader_above_the_minimum_rate_gets_its_answer(tmp_path, alice, monkeypatch):
+    """Where the kernel has no TCP_INFO (macOS, for one), progress is the bytes handed to the kernel. A client
+    taking 30 kB every 0.05 s (about 600 kB/s) of a 9 MB answer, above a 16 KiB/s minimum over 3 s windows,
+    gets it all. (Counted as minus the transport's unsent bytes, which grow with every chunk written, it was
+    dropped as too slow within about 5 s.)"""
+    monkeypatch.setattr(connection, "_TCP_INFO", None)
+    relay = await _big_answers_relay(tmp_path, alice, limits={"max_query_bytes": 9_500_000,
+                                                              "max_stored_results_bytes": 20_000_000,
+                                                              "stored_results_timeout_seconds": 3.0,
+                                                              "stored_results_min_bytes_per_second": 16_384})
+    reader = await non_reader(relay.url, receive_buffer=65_536)
+    try:
+        await reader.send(json.dumps(["REQ", "all", {"limit": 5000}]))
+        got = 0
+        while (message := json.loads(await asyncio.wait_for(reader.recv(), 10)))[0] in ("EVENT", "AUTH"):
+            got += message[0] == "EVENT"
+            await asyncio.sleep(0.05)
+        assert message[0] == "EOSE" and got == 300
+        assert relay.slow_readers == 0
+    finally:
+        reader.transport.abort()
         await relay.stop()
