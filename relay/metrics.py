@@ -125,12 +125,16 @@ class _ScrapeCollector:
                                          "(all time, from sync_peers)", labels=["peer"])
         success = GaugeMetricFamily("relay_sync_last_success_timestamp_seconds", "unix time of the last complete "
                                     "reconciliation with the peer (0: never)", labels=["peer"])
+        lasting = GaugeMetricFamily("relay_sync_lasting_differences", "ids the last two reconciliations with the "
+                                    "peer both found different: refused on one side, not closed by sync "
+                                    "(from sync_peers)", labels=["peer"])
         errors = CounterMetricFamily("relay_sync_errors", "failed sync attempts with a configured peer since this "
                                      "process started", labels=["peer"])
         for state in self.peers:
             events_in.add_metric([state.url], state.events_in)
             events_out.add_metric([state.url], state.events_out)
             success.add_metric([state.url], state.last_success or 0)
+            lasting.add_metric([state.url], state.lasting_differences)
         for peer in self.relay.sync.peers if self.relay.sync is not None else ():
             errors.add_metric([peer.url], peer.errors)
-        yield from (events_in, events_out, success, errors)
+        yield from (events_in, events_out, success, lasting, errors)

@@ -98,6 +98,9 @@ def render_status(status: dict, now: float | None = None, top_kinds: int = 15) -
         lines.append(f"    last success {_when(p.get('last_success'), now)}; "
                      f"last attempt {_when(p.get('last_attempt'), now)}")
         lines.append(f"    events in {p.get('events_in', 0)}, out {p.get('events_out', 0)}")
+        if p.get("lasting_differences"):
+            lines.append(f"    lasting differences {p['lasting_differences']}: ids found different by the last two "
+                         "reconciliations (refused on one side; the log names them)")
         if p.get("last_error"):
             lines.append(f"    last error {_when(p.get('last_error_at'), now)}: {p['last_error']}")
         if p.get("lease_owner") and (p.get("lease_expires") or 0) > now:

@@ -117,7 +117,9 @@ class BatchPlan:
     removed: list[Row] = field(default_factory=list)  # stored or batch rows that leave
     deleted_ids: list[tuple[bytes, bytes]] = field(default_factory=list)  # (id, pubkey) to delete if stored
     new_tombstones: list[tuple[bytes, bytes, bytes]] = field(default_factory=list)
-    dirty_marks: set[Coordinate] = field(default_factory=set)
+    # coordinate -> (expiration, evidence): the new mark's NIP-40 expiry, and its JSON when it arrived deleted
+    dirty_marks: dict[Coordinate, tuple[int | None, str | None]] = field(default_factory=dict)
+    deleted_versions: list[Row] = field(default_factory=list)  # live versions deleted by `e`: their mark's evidence
     dirty_until: set[Coordinate] = field(default_factory=set)
     vanish_requests: list[tuple[bytes, int, bytes]] = field(default_factory=list)  # (pubkey, until, request id)
 
@@ -138,7 +140,7 @@ class BatchPlan:
         tombstoned = event.kind not in UNDELETABLE_KINDS and (idb, pk) in self.state.tombstones
         coordinate = coordinate_of(event, pk)
         if coordinate is not None:
-            refusal = self._supersede(coordinate, event.created_at, idb, tombstoned)
+            refusal = self._supersede(coordinate, event, idb, tombstoned)
             if refusal is not None:
                 return refusal
         elif tombstoned:
@@ -156,13 +158,15 @@ class BatchPlan:
             self._vanish(event, idb, pk)
         return STORED
 
-    def _supersede(self, coordinate: Coordinate, created_at: int, idb: bytes, tombstoned: bool):
+    def _supersede(self, coordinate: Coordinate, event: Event, idb: bytes, tombstoned: bool):
         """Settle a version against its coordinate; None means insert it.
 
         A newer version deleted before it arrived (`tombstoned`) still
         supersedes older ones and raises the high-water mark, so the outcome
-        does not depend on whether the deletion came first.
+        does not depend on whether the deletion came first; the mark keeps it
+        as evidence for peers that still hold an older version (`evidence.py`).
         """
+        created_at = event.created_at
         until = self.state.until.get(coordinate)
         if until is not None and created_at <= until:
             return DELETED
@@ -174,7 +178,7 @@ class BatchPlan:
                 return NEWER_VERSION
         self._remove(self.state.live.pop(coordinate, None))
         self.state.marks[coordinate] = (created_at, idb)
-        self.dirty_marks.add(coordinate)
+        self.dirty_marks[coordinate] = (event.expiration, event.raw.decode() if tombstoned else None)
         return DELETED if tombstoned else None
 
     def _remove(self, row: Row | None) -> None:
@@ -213,6 +217,8 @@ class BatchPlan:
             return
         if row.pubkey != pk or row.kind in UNDELETABLE_KINDS:
             return
+        if row.d_tag is not None:
+            self.deleted_versions.append(row)
         self._drop_insert(row)
 
     def _drop_insert(self, row: Row) -> None:

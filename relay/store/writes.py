@@ -26,7 +26,7 @@ from typing import Protocol
 import orjson
 
 from relay.protocol.event import Event
-from relay.store import vanish
+from relay.store import evidence, vanish
 from relay.store.db import transaction
 from relay.store.batch import (
     DELETION_KIND,
@@ -173,7 +173,8 @@ def _write_plan(cur: sqlite3.Cursor, plan: BatchPlan) -> list[Row]:
     """Apply a settled plan; returns the stored rows removed (removals first: coordinates are unique)."""
     stored_removed = [r for r in plan.removed if r.event is None]
     _delete_stored(cur, stored_removed)
-    stored_removed += _delete_by_id(cur, plan.deleted_ids)
+    by_id = _delete_by_id(cur, plan.deleted_ids)
+    stored_removed += by_id
     for pubkey, until, _ in plan.vanish_requests:  # NIP-62, after the removals above: each row is removed once
         covered = vanish.select_covered(cur, pubkey, until)
         _delete_stored(cur, covered)
@@ -193,10 +194,13 @@ def _write_plan(cur: sqlite3.Cursor, plan: BatchPlan) -> list[Row]:
         )
     state = plan.state
     cur.executemany(
-        "INSERT INTO coordinates (kind, pubkey, d_tag, created_at, id) VALUES (?, ?, ?, ?, ?)"
-        " ON CONFLICT (kind, pubkey, d_tag) DO UPDATE SET created_at = excluded.created_at, id = excluded.id",
-        [(*c, *state.marks[c]) for c in plan.dirty_marks],
+        "INSERT INTO coordinates (kind, pubkey, d_tag, created_at, id, expiration, deleted_raw)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (kind, pubkey, d_tag) DO UPDATE SET"
+        " created_at = excluded.created_at, id = excluded.id, expiration = excluded.expiration,"
+        " deleted_raw = excluded.deleted_raw",
+        [(*c, *state.marks[c], *extra) for c, extra in plan.dirty_marks.items()],
     )
+    evidence.keep(cur, plan.deleted_versions + [r for r in by_id if r.d_tag is not None])
     cur.executemany(
         "INSERT INTO address_tombstones (kind, pubkey, d_tag, until) VALUES (?, ?, ?, ?)"
         " ON CONFLICT (kind, pubkey, d_tag) DO UPDATE SET until = max(until, excluded.until)",
@@ -238,8 +242,13 @@ def apply_batch(conn: sqlite3.Connection, writes: list[Write], hooks: Sequence[T
 
 def purge_expired(conn: sqlite3.Connection, now: int, max_rows: int,
                   hooks: Sequence[TransactionHook] = ()) -> Changes:
-    """NIP-40: remove up to `max_rows` events whose expiration <= `now` (unix seconds), in one transaction."""
+    """NIP-40: remove up to `max_rows` events whose expiration <= `now` (unix seconds), in one transaction.
+
+    Expired high-water marks go too: an expired version leaves no mark, so a
+    node that never saw it and one that purged it take the same older version.
+    """
     with transaction(conn) as cur:
+        cur.execute("DELETE FROM coordinates WHERE expiration <= ?", (now,))
         return remove_events(cur, [Row(*r) for r in cur.execute(
             "SELECT seq, id, pubkey, created_at, kind, d_tag, raw FROM events WHERE expiration <= ? LIMIT ?",
             (now, max_rows))], hooks)

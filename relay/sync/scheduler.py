@@ -41,6 +41,7 @@ from relay.protocol.event import Event
 from relay.protocol.filters import Filter, parse_filter
 from relay.store.store import Store
 from relay.store.writes import Changes
+from relay.sync.differences import LOGGED_IDS, LastingDifferences
 from relay.sync.keys import NodeKey, NodeKeyError, key_path, load_or_create
 from relay.sync.peer import PeerConnection, PeerError
 from relay.sync.session import ERROR, STORED, Intake, SyncOptions, SyncReport, classify, push_chunk, sync_with_peer
@@ -137,6 +138,7 @@ class PeerSync:
         self._incoming_ready = asyncio.Event()
         self._reconcile_now = asyncio.Event()
         self._synced = False  # the current attempt reconciled at least once (resets the backoff)
+        self._lasting = LastingDifferences()
 
     # --- feeding the live streams (called from the event loop, never blocking) ----------------------
 
@@ -236,6 +238,7 @@ class PeerSync:
                 await self._flush_counts(success=True)
                 self._synced = True
                 log.info("sync_reconciled", peer=self.url, **report.as_dict())
+                await self._note_lasting(report)
                 await self._stream(conn, helpers)
         finally:
             self._conn = None
@@ -247,6 +250,16 @@ class PeerSync:
                 await self._flush_counts()
             except sqlite3.Error as exc:
                 log.warning("sync_state_write_failed", peer=self.url, error=repr(exc))
+
+    async def _note_lasting(self, report: SyncReport) -> None:
+        """Count the ids this run found different as the run before did, and log the new ones once."""
+        lasting = self._lasting.update(report.differences)
+        if lasting is None:
+            return
+        count, new = lasting
+        await self.scheduler.states.set_lasting_differences(self.url, count)
+        if new:
+            log.warning("sync_lasting_differences", peer=self.url, count=count, new=len(new), ids=new[:LOGGED_IDS])
 
     async def _stream(self, conn: PeerConnection, helpers: list[asyncio.Task]) -> None:
         """Wait until a reconciliation is due, flushing counts; raise if the connection or a helper fails."""

@@ -16,6 +16,11 @@ sent with EVENT, at most `push_in_flight` waiting for their OK.  Fetching
 first means an older version we hold is not pushed when the peer's newer
 one has just replaced it here.
 
+A needed event refused here because we hold a newer version that was
+deleted (DESIGN.md, invariant 5) would stay a difference for ever: last,
+the deletion and the deleted version are sent to the peer
+(relay/store/evidence.py), which then drops its older version too.
+
 Replies that mean "the peer (or we) already settled this" are not errors
 (`classify`): duplicates, a newer version held, a deleted or expired event,
 strfry's `replaced:`, an id the peer no longer serves.  Needed ids that
@@ -40,6 +45,8 @@ from relay.protocol.filters import Filter, parse_filter
 from relay.protocol.negentropy import Negentropy, SortedVector
 from relay.protocol.rejection import Rejection
 from relay.server import policies
+from relay.store import evidence
+from relay.store.batch import NEWER_VERSION, coordinate_of
 from relay.store.retention import evicted_among
 from relay.store.store import Store
 from relay.sync.peer import PeerConnection, PeerError
@@ -51,6 +58,7 @@ STORED, SETTLED, ERROR = "stored", "settled", "error"
 MISSING = "missing: the peer did not serve it (expired or deleted there?)"
 GONE_LOCALLY = "gone: no longer stored here (superseded, deleted or expired)"
 EVICTED_HERE = "evicted: removed here by retention, not fetched back"
+LASTING_CAP = 10_000  # differences remembered from one run to the next (a catch-up run has more: not compared)
 _ID_SLICE = slice(7, 71)  # the id inside our canonical JSON: {"id":"<64 hex>",...
 
 
@@ -79,8 +87,10 @@ class SyncReport:
     pushed: int = 0
     settled: Counter = field(default_factory=Counter)
     errors: Counter = field(default_factory=Counter)
+    evidence: Counter = field(default_factory=Counter)  # deleted newest versions sent to the peer, by its answer
     seconds: float = 0.0
     reported: int = 0  # have + need ids as reported by the rounds, repeats included
+    differences: frozenset[bytes] | None = None  # the have and need ids of a finished run, up to LASTING_CAP
     fetch_done: int = 0  # needed ids settled one way or another (for progress)
     push_done: int = 0  # had ids settled one way or another (for progress)
 
@@ -105,12 +115,13 @@ class SyncReport:
         return {"local_items": self.local_items, "rounds": self.rounds, "reported": self.reported,
                 "have": self.have, "need": self.need,
                 "fetched": self.fetched, "pushed": self.pushed, "settled": dict(self.settled),
-                "errors": dict(self.errors), "seconds": round(self.seconds, 3)}
+                "errors": dict(self.errors), "evidence": dict(self.evidence), "seconds": round(self.seconds, 3)}
 
     def summary(self) -> str:
         """One line: have, need, fetched, pushed, settled, errors."""
+        evidence = f", deleted versions sent {sum(self.evidence.values())}" if self.evidence else ""
         return (f"have {self.have}, need {self.need}, fetched {self.fetched}, pushed {self.pushed}, "
-                f"settled {sum(self.settled.values())}, errors {sum(self.errors.values())} "
+                f"settled {sum(self.settled.values())}, errors {sum(self.errors.values())}{evidence} "
                 f"({self.rounds} rounds, {self.seconds:.1f} s)")
 
 
@@ -149,11 +160,13 @@ class Intake:
         self.pool = pool
         self.threads = max(1, threads)
 
-    async def accept(self, objects: list[object], allowed: Callable[[Event], str | None]) -> list[tuple[str, str]]:
+    async def accept(self, objects: list[object], allowed: Callable[[Event], str | None],
+                     older: list[Event] | None = None) -> list[tuple[str, str]]:
         """Validate and store `objects`; one `classify` outcome each, in order.
 
         `allowed(event)` returns None to go on, or an error message for an
         event the peer should not have sent (not requested, outside the filter).
+        Events refused because a newer version is held are appended to `older`.
         """
         now = time.time()
         outcomes: list[tuple[str, str] | None] = [None] * len(objects)
@@ -179,6 +192,8 @@ class Intake:
             else:
                 to_store.append((i, event))
         await self._store(to_store, outcomes)
+        if older is not None:
+            older += [event for i, event in to_store if outcomes[i] == (SETTLED, NEWER_VERSION[1])]
         return outcomes  # type: ignore[return-value]
 
     async def _store(self, to_store: list[tuple[int, Event]], outcomes: list) -> None:
@@ -271,11 +286,14 @@ async def sync_with_peer(conn: PeerConnection, store: Store, filter_obj: dict, o
     try:
         try:
             await conn.reconcile(filter_obj, neg, on_round)
+            if len(seen_have) + len(seen_need) <= LASTING_CAP:
+                report.differences = frozenset(seen_have | seen_need)
             await fetch.finish()
         finally:
             fetch.cancel()
         if up:
             await _push(conn, store, to_push, options, report, progress)
+            await _send_evidence(conn, store, fetch.older, report)
     finally:  # a failed run's summary tells how long it ran too
         report.seconds = time.monotonic() - started
     progress(report)
@@ -292,6 +310,7 @@ class _Fetcher:
         self.tasks: list[asyncio.Task] = []
         self.slots = asyncio.Semaphore(options.fetch_in_flight)  # REQs awaiting EOSE
         self.storing = asyncio.Semaphore(2)  # batches being validated and stored: bounds memory, lets REQs overlap
+        self.older: list[Event] = []  # fetched versions refused here: a newer one is held
 
     def add(self, id_: bytes) -> None:
         """Queue one needed id; a full batch starts its REQ."""
@@ -323,7 +342,7 @@ class _Fetcher:
                 objects = await self.conn.fetch(remaining)
             before = len(wanted)
             async with self.storing:
-                for outcome, message in await self.intake.accept(objects, allowed):
+                for outcome, message in await self.intake.accept(objects, allowed, self.older):
                     self.report.count(outcome, message, up=False)
             self.progress(self.report)
             # A peer whose max limit is below our batch serves part of it: ask again for the rest,
@@ -352,6 +371,26 @@ class _Fetcher:
         """Stop the fetches still running (after a failure)."""
         for task in self.tasks:
             task.cancel()
+
+
+async def _send_evidence(conn: PeerConnection, store: Store, older: list[Event], report: SyncReport) -> None:
+    """For the versions the peer offered that lose to a deleted newer one here: send the deletion, then, once
+    the peer has it, the deleted version, so the peer's mark rises to it as ours did (relay/store/evidence.py)."""
+    coordinates = [coordinate_of(e, bytes.fromhex(e.pubkey)) for e in older]
+    pairs = await store.read_snapshot(evidence.select, coordinates) if older else []
+    if not pairs:
+        return
+    deletions = {raw[_ID_SLICE].decode(): raw for raw, _ in pairs}
+    answers: dict[str, tuple[bool, str]] = {}
+    await conn.publish_many(list(deletions.items()), lambda i, accepted, message: answers.__setitem__(
+        i, (accepted, message)))
+    held = {i for i, (accepted, message) in answers.items() if classify(accepted, message)[0] != ERROR}
+    versions = [(raw[_ID_SLICE].decode(), raw) for deletion, raw in pairs if deletion[_ID_SLICE].decode() in held]
+
+    def on_answer(event_id: str, accepted: bool, message: str) -> None:
+        report.evidence[classify(accepted, message)[1]] += 1
+
+    await conn.publish_many(versions, on_answer)
 
 
 def push_chunk(push_in_flight: int) -> int:

@@ -32,12 +32,12 @@ from relay.store import db
 log = structlog.get_logger(__name__)
 
 _COLUMNS = ("url", "last_attempt", "last_success", "events_in", "events_out", "last_error", "last_error_at",
-            "lease_owner", "lease_expires")
+            "lease_owner", "lease_expires", "lasting_differences")
 
 
 @dataclass(frozen=True)
 class PeerState:
-    """One row of `sync_peers`: times in unix seconds (None: never), counts of events."""
+    """One row of `sync_peers`: times in unix seconds (None: never), counts of events and ids."""
 
     url: str
     last_attempt: int | None
@@ -48,31 +48,62 @@ class PeerState:
     last_error_at: int | None
     lease_owner: str | None
     lease_expires: float | None
+    lasting_differences: int = 0  # ids found different in the last two reconciliations (differences.py)
 
     def as_dict(self) -> dict:
         """The row as a JSON-ready dict."""
         return asdict(self)
 
 
+_OWNERS: set[str] = set()  # the owner names made by this process
+
+
 def new_owner() -> str:
     """A lease owner name unique to this process: "host:pid:random"."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+    owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+    _OWNERS.add(owner)
+    return owner
 
 
 def _ensure(conn: sqlite3.Connection, url: str) -> None:
     conn.execute("INSERT OR IGNORE INTO sync_peers (url) VALUES (?)", (url,))
 
 
+def holder_is_gone(holder: str, owner: str) -> bool:
+    """True when lease holder `holder` ("host:pid:random") is a process of this host that no longer runs.
+
+    `owner` is ours: a holder with our host and pid that this process did not
+    make is a predecessor whose pid we now have (a restarted container's pid 1).
+    """
+    host, _, rest = holder.partition(":")
+    pid, _, _ = rest.partition(":")
+    if host != owner.partition(":")[0] or not pid.isdigit() or holder in _OWNERS:
+        return False
+    if int(pid) == os.getpid():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # it runs, as another user
+        return False
+    return False
+
+
 def acquire_lease(conn: sqlite3.Connection, url: str, owner: str, now: float, seconds: float) -> bool:
     """Take (or extend) the lease on `url` for `seconds` from `now`; True when `owner` holds it.
 
-    Succeeds when the lease is free, expired (`lease_expires <= now`), or already `owner`'s.
+    Succeeds when the lease is free, expired (`lease_expires <= now`), already
+    `owner`'s, or held by a process of this host that no longer runs (one
+    killed without releasing it: its successor need not wait for the expiry).
     """
     _ensure(conn, url)
+    holder = _lease_holder(conn, url)
+    gone = holder[0] if holder is not None and holder_is_gone(holder[0], owner) else owner
     cur = conn.execute(
         "UPDATE sync_peers SET lease_owner = ?, lease_expires = ?"
-        " WHERE url = ? AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires <= ?)",
-        (owner, now + seconds, url, owner, now))
+        " WHERE url = ? AND (lease_owner IS NULL OR lease_owner IN (?, ?) OR lease_expires <= ?)",
+        (owner, now + seconds, url, owner, gone, now))
     return cur.rowcount == 1
 
 
@@ -107,6 +138,12 @@ def record_error(conn: sqlite3.Connection, url: str, now: int, error: str) -> No
     """Remember why the last attempt on `url` failed (text truncated to 1000 characters)."""
     _ensure(conn, url)
     conn.execute("UPDATE sync_peers SET last_error = ?, last_error_at = ? WHERE url = ?", (error[:1000], now, url))
+
+
+def set_lasting_differences(conn: sqlite3.Connection, url: str, count: int) -> None:
+    """Record how many ids the last two reconciliations with `url` both found different."""
+    _ensure(conn, url)
+    conn.execute("UPDATE sync_peers SET lasting_differences = ? WHERE url = ?", (count, url))
 
 
 def read_states(conn: sqlite3.Connection) -> list[PeerState]:
@@ -156,6 +193,10 @@ class PeerStates:
     async def record_error(self, url: str, error: str) -> None:
         """`record_error` now."""
         await db.run(self._conn, record_error, url, int(time.time()), error)
+
+    async def set_lasting_differences(self, url: str, count: int) -> None:
+        """`set_lasting_differences`."""
+        await db.run(self._conn, set_lasting_differences, url, count)
 
     async def read(self) -> list[PeerState]:
         """`read_states`."""

@@ -8,15 +8,12 @@ another of our relay processes.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import signal
+import socket
 import sqlite3
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -33,6 +30,7 @@ from relay.sync.state import (
     PeerStates,
     acquire_lease,
     add_counts,
+    new_owner,
     read_states,
     record_error,
     release_lease,
@@ -42,77 +40,14 @@ from tests.conftest import make_config
 from tests.helpers import Client, eventually
 from tests.served import free_port
 from tests.sync.conftest import notes, publish, remote_ids, seed, speaks_nip77, stored
+from tests.sync.mesh import RelayProcess
 from tests.sync.scripted import ScriptedRelay
 
 NOW = int(time.time())
-START_TIMEOUT = 15.0  # seconds for `relay serve` to answer /health
 SYNC_TIMEOUT = 15.0  # seconds for an event to reach the other side
 
 
 # --- helpers -------------------------------------------------------------------------------------------
-
-
-def peer_toml(db_path: Path, peers: list[str], filter_obj: dict | None = None) -> str:
-    """A relay config: its database, fast sync timings for tests, and `peers` as [[sync.peers]] tables."""
-    text = (f'[store]\npath = "{db_path}"\n[log]\nformat = "json"\n'
-            "[sync]\ninterval_seconds = 60.0\ntimeout_seconds = 5.0\nconnect_timeout_seconds = 2.0\n"
-            "backoff_initial_seconds = 0.2\nbackoff_max_seconds = 1.0\nlease_seconds = 3.0\n")
-    for url in peers:
-        text += f'[[sync.peers]]\nurl = "{url}"\n'
-        if filter_obj is not None:
-            text += f"filter = '{json.dumps(filter_obj)}'\n"
-    return text
-
-
-class RelayProcess:
-    """`python -m relay serve --config PATH --port PORT` with its stderr (JSON logs) in a file; always stopped."""
-
-    def __init__(self, tmp_path: Path, name: str, port: int, peers: list[str], filter_obj: dict | None = None):
-        self.dir = tmp_path / name
-        self.dir.mkdir(exist_ok=True)
-        self.db = self.dir / "relay.db"
-        self.config_path = self.dir / "relay.toml"
-        self.config_path.write_text(peer_toml(self.db, peers, filter_obj))
-        self.config = load_config(self.config_path)
-        self.port = port
-        self.url = f"ws://127.0.0.1:{port}"
-        self.proc: subprocess.Popen | None = None
-        self.log = self.dir / "stderr.log"
-
-    def start(self) -> RelayProcess:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "relay", "serve", "--config", str(self.config_path),
-                                          "--port", str(self.port)], stdout=subprocess.DEVNULL, stderr=log, env=env)
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log.read_text()
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except (OSError, urllib.error.URLError):
-                time.sleep(0.1)
-        raise AssertionError(f"relay did not start: {self.log.read_text()}")
-
-    def stop(self) -> int:
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else 0
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise
-
-    def log_events(self) -> list[dict]:
-        return [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
-
-    def status(self) -> dict:
-        out = subprocess.run([sys.executable, "-m", "relay", "status", "--json", "--config", str(self.config_path)],
-                             capture_output=True, timeout=30, check=True)
-        return json.loads(out.stdout)
 
 
 @pytest.fixture
@@ -338,6 +273,23 @@ def test_lease_is_held_by_one_process_at_a_time(tmp_path):
     assert acquire_lease(one, url, "p1", now=1093.0, seconds=60)
     assert not acquire_lease(two, "ws://peer.example", "p2", now=1094.0, seconds=60)
     assert acquire_lease(two, "ws://other.example", "p2", now=1094.0, seconds=60)  # leases are per peer
+
+
+def test_a_lease_whose_holder_died_on_this_host_is_taken_at_once(tmp_path):
+    """A holder named "host:pid:random" with our host and a pid that no longer runs (a SIGKILLed relay) or our own
+    pid from another process (a restarted container's pid 1) is taken over before its lease expires; a holder
+    that runs, of another host, or made by this process is not."""
+    conn = _migrated(tmp_path / "lease.db")
+    host = socket.gethostname()
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    ours = new_owner()
+    cases = [(f"{host}:{dead.pid}:0001", True), (f"{host}:{os.getpid()}:0002", True),
+             (f"{host}:{os.getppid()}:0003", False), (f"other-host:{dead.pid}:0004", False), (new_owner(), False)]
+    for n, (holder, taken) in enumerate(cases):
+        url = f"ws://peer{n}.example"
+        assert acquire_lease(conn, url, holder, now=1000.0, seconds=60)
+        assert acquire_lease(conn, url, ours, now=1001.0, seconds=60) is taken, holder
 
 
 def test_counts_and_errors_accumulate_per_peer(tmp_path):

@@ -1,0 +1,120 @@
+"""Two of our relays, peered both ways, agree on a coordinate whose newest version was deleted by an `e` tag
+(DESIGN.md, invariant 5: the mark survives, and its evidence travels; relay/store/evidence.py).
+
+In both cases one node holds the mark of the deleted v2 and the other an
+older v1 that it would serve for ever: the node with the mark fetches v1 in
+its reconciliation, refuses it, and sends the deletion and v2, so the other
+node's mark rises and v1 goes there too.  Relays run in this process.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from contextlib import asynccontextmanager, closing
+
+import structlog
+
+from relay.server.app import Relay
+from relay.status import gather_status, render_status
+from relay.sync.state import read_states
+from tests.conftest import make_config
+from tests.helpers import eventually
+from tests.served import free_port
+from tests.sync.conftest import publish, remote_ids
+
+NOW = int(time.time())
+TIMEOUT = 15.0
+
+
+def _node(tmp_path, name: str, port: int, peer_port: int) -> Relay:
+    (tmp_path / name).mkdir(exist_ok=True)
+    return Relay(make_config(tmp_path / name, server={"port": port},
+                             sync={"peers": [{"url": f"ws://127.0.0.1:{peer_port}"}], "interval_seconds": 0.5,
+                                   "backoff_initial_seconds": 0.1, "backoff_max_seconds": 0.5}))
+
+
+def _versions(alice):
+    v1 = alice.sign(30023, "v1", [["d", "post"], ["title", "one"]], NOW - 20)
+    v2 = alice.sign(30023, "v2", [["d", "post"], ["title", "two"]], NOW - 10)
+    return v1, v2, alice.sign(5, "", [["e", v2["id"]]], NOW - 5)
+
+
+@asynccontextmanager
+async def _pair(tmp_path):
+    """Nodes a and b, each with the other as its peer, started; every node in the list is stopped at the end."""
+    pa, pb = free_port(), free_port()
+    nodes = [_node(tmp_path, "a", pa, pb), _node(tmp_path, "b", pb, pa)]
+    for node in nodes:
+        await node.start()
+    try:
+        yield nodes
+    finally:
+        for node in nodes:
+            await node.stop()
+
+
+async def _agree(a: Relay, b: Relay, wanted: set[str]) -> bool:
+    return await remote_ids(a.url) == wanted and await remote_ids(b.url) == wanted
+
+
+async def test_deletion_first_on_one_node_and_an_older_version_on_the_other(tmp_path, alice):
+    """D then v2 to B (v2 refused, its mark kept), v1 to A: both end serving D alone, v1 refused on both."""
+    v1, v2, deletion = _versions(alice)
+    async with _pair(tmp_path) as (a, b):
+        with structlog.testing.capture_logs() as logs:
+            replies = await publish(b.url, [deletion, v2])
+            assert [r[2:] for r in replies] == [[True, ""], [False, "blocked: this event was deleted"]]
+            assert (await publish(a.url, [v1]))[0][2:] == [True, ""]
+            assert await eventually(lambda: _agree(a, b, {deletion["id"]}), TIMEOUT)
+        for node in (a, b):
+            reply = (await publish(node.url, [v1]))[0]
+            assert reply[2:] == [False, "duplicate: have a newer version"]
+    sent = [e for e in logs if e["event"] == "sync_reconciled" and e["evidence"]]
+    assert sent and all(e["evidence"] == {"blocked: this event was deleted": 1} for e in sent)
+
+
+async def test_a_node_that_was_away_drops_the_older_version_it_held(tmp_path, alice):
+    """v1 to A and synced to B; B stopped; v2 then D to A; B restarted: both end serving D alone."""
+    v1, v2, deletion = _versions(alice)
+    async with _pair(tmp_path) as nodes:
+        a, b = nodes
+        assert (await publish(a.url, [v1]))[0][2] is True
+        assert await eventually(lambda: _agree(a, b, {v1["id"]}), TIMEOUT)
+        await b.stop()
+        assert [r[2] for r in await publish(a.url, [v2, deletion])] == [True, True]
+        nodes[1] = b = _node(tmp_path, "b", b.config.server.port, a.config.server.port)
+        await b.start()
+        assert await eventually(lambda: _agree(a, b, {deletion["id"]}), TIMEOUT)
+
+
+async def test_a_refusal_that_lasts_is_counted_and_logged_once(tmp_path, alice):
+    """A's note is refused by B (a kind B does not take) in every reconciliation: after the second one,
+    sync_peers, /metrics and `relay status` count one lasting difference, and the log names its id once."""
+    note = alice.sign(1, "not taken there", [], NOW - 30)
+    pb = free_port()
+    a = _node(tmp_path, "a", free_port(), pb)
+    (tmp_path / "b").mkdir()
+    b = Relay(make_config(tmp_path / "b", server={"port": pb}, auth={"deny_kinds": [1]}))
+    await b.start()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            await a.start()
+            assert (await publish(a.url, [note]))[0][2] is True
+
+            def runs() -> int:
+                return sum(e["event"] == "sync_reconciled" for e in logs)
+
+            assert await eventually(lambda: runs() >= 5, TIMEOUT)
+            text = (await a.metrics.render()).decode()
+            status = render_status(gather_status(a.config))
+        with closing(sqlite3.connect(a.config.store.path)) as conn:
+            [state] = read_states(conn)
+        assert state.lasting_differences == 1
+        named = [e for e in logs if e["event"] == "sync_lasting_differences"]
+        assert [(e["count"], e["ids"]) for e in named] == [(1, [note["id"]])]
+        assert f'relay_sync_lasting_differences{{peer="{b.url}"}} 1.0' in text
+        assert "lasting differences 1:" in status
+    finally:
+        await a.stop()
+        await b.stop()
