@@ -46,7 +46,13 @@ def select_covered(cur: sqlite3.Cursor, pubkey: bytes, until: int) -> list[Row]:
 
 
 def record(cur: sqlite3.Cursor, requests: list[tuple[bytes, int, bytes]]) -> None:
-    """Remember honoured requests (pubkey, until, request id); a pubkey keeps its newest `until`."""
+    """Remember honoured requests (pubkey, until, request id); a pubkey keeps its newest `until`.
+
+    The deleted versions kept as evidence (relay/store/evidence.py) that a request covers go too: nothing of the
+    author's is kept but the marks' ids and times.
+    """
+    cur.executemany("UPDATE coordinates SET deleted_raw = NULL WHERE pubkey = ? AND created_at <= ?",
+                    [(pubkey, until) for pubkey, until, _ in requests])
     cur.executemany(
         "INSERT INTO vanished (pubkey, until, request_id) VALUES (?, ?, ?)"
         " ON CONFLICT (pubkey) DO UPDATE SET until = excluded.until, request_id = excluded.request_id"

@@ -85,3 +85,19 @@ async def test_an_expired_version_leaves_no_mark(tmp_path, alice):
     finally:
         await store.close()
 
+
+
+async def test_a_request_to_vanish_drops_the_kept_versions(tmp_path, alice):
+    """NIP-62: once the author asks to vanish, the deleted version kept as evidence is dropped with the rest."""
+    v2 = alice.sign(0, "v2", [], NOW - 10)
+    store = await Store.open(tmp_path / "e.db", OPTIONS)
+    try:
+        for event in (v2, alice.sign(5, "", [["e", v2["id"]]], NOW - 5)):
+            assert (await store.submit(parsed(event)))[0]
+        assert len(await store.read_snapshot(evidence.select, [_coordinate(v2)])) == 1
+        assert (await store.submit(parsed(alice.sign(62, "", [["relay", "ALL_RELAYS"]], NOW - 1))))[0]
+        kept = await store.read_snapshot(lambda conn: conn.execute(
+            "SELECT count(*) FROM coordinates WHERE deleted_raw IS NOT NULL").fetchone()[0])
+        assert kept == 0
+    finally:
+        await store.close()
