@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from relay.config import Config, section_keys, sections
+from relay.protocol import negentropy
 from relay.store.store import StoreOptions
 
 RELAY_TOML = Path(__file__).resolve().parents[1] / "config" / "relay.toml"
@@ -91,3 +92,9 @@ def test_store_keys_are_the_stores_own_fields():
         assert section_keys("store")[name].metadata == declared.metadata
         assert section_keys("store")[name].default == declared.default
     assert Config().store.options() == StoreOptions()
+
+
+def test_frame_size_minimum_is_the_engines():
+    """`[sync]` and `[negentropy]` frame_size_limit take the negentropy engine's minimum."""
+    for section in ("sync", "negentropy"):
+        assert _rules(section, "frame_size_limit")["min"] == negentropy.MIN_FRAME_SIZE_LIMIT
