@@ -374,14 +374,20 @@ class AuthConfig:
         return self.write != "all" or bool(self.allow_kinds or self.deny_kinds)
 
 
-def _rate(rate: float, what: str, scope: str) -> Any:
-    """The key of a token bucket's rate: `what` per second per `scope` ("connection" or "client IP")."""
-    return key(rate, f"{what} per second per {scope}; 0: no limit", unit=f"{what} per second")
+def _rate(rate: float, what: str) -> Any:
+    """The key of a per-connection token bucket's rate: `what` per second."""
+    return key(rate, f"{what} per second per connection; 0: no limit", unit=f"{what} per second")
 
 
-def _burst(burst: int, what: str, scope: str) -> Any:
-    """The key of a token bucket's size: `what` at once per `scope`; a bucket holds at least one token."""
-    return key(burst, f"{what} at once per {scope} before the rate applies", unit=what, min=1)
+def _burst(burst: int, what: str) -> Any:
+    """The key of a per-connection token bucket's size: `what` at once; a bucket holds at least one token."""
+    return key(burst, f"{what} at once per connection before the rate applies", unit=what, min=1)
+
+
+def _per_ip(default: float, per_connection: Any) -> Any:
+    """The per-client-IP twin of the `per_connection` key (a field): the same rules, its own default."""
+    rules = per_connection.metadata
+    return field(default=default, metadata={**rules, "doc": rules["doc"].replace("per connection", "per client IP")})
 
 
 @dataclass(frozen=True)
@@ -393,18 +399,18 @@ class RateLimitConfig:
     """
 
     enabled: bool = key(True, "false: no rate limits at all")
-    events_per_second: float = _rate(10.0, "EVENTs", "connection")
-    events_burst: int = _burst(100, "EVENTs", "connection")
-    reqs_per_second: float = _rate(10.0, "REQs", "connection")
-    reqs_burst: int = _burst(50, "REQs", "connection")
-    neg_opens_per_second: float = _rate(1.0, "NEG-OPENs", "connection")
-    neg_opens_burst: int = _burst(10, "NEG-OPENs", "connection")
-    ip_events_per_second: float = _rate(50.0, "EVENTs", "client IP")
-    ip_events_burst: int = _burst(500, "EVENTs", "client IP")
-    ip_reqs_per_second: float = _rate(50.0, "REQs", "client IP")
-    ip_reqs_burst: int = _burst(250, "REQs", "client IP")
-    ip_neg_opens_per_second: float = _rate(5.0, "NEG-OPENs", "client IP")
-    ip_neg_opens_burst: int = _burst(20, "NEG-OPENs", "client IP")
+    events_per_second: float = _rate(10.0, "EVENTs")
+    events_burst: int = _burst(100, "EVENTs")
+    reqs_per_second: float = _rate(10.0, "REQs")
+    reqs_burst: int = _burst(50, "REQs")
+    neg_opens_per_second: float = _rate(1.0, "NEG-OPENs")
+    neg_opens_burst: int = _burst(10, "NEG-OPENs")
+    ip_events_per_second: float = _per_ip(50.0, events_per_second)
+    ip_events_burst: int = _per_ip(500, events_burst)
+    ip_reqs_per_second: float = _per_ip(50.0, reqs_per_second)
+    ip_reqs_burst: int = _per_ip(250, reqs_burst)
+    ip_neg_opens_per_second: float = _per_ip(5.0, neg_opens_per_second)
+    ip_neg_opens_burst: int = _per_ip(20, neg_opens_burst)
     ip_stored_results_bytes: int = key(67_108_864, "unsent REQ results of one IP's connections together; 0: no bound",
                                        unit="bytes")
     ip_connections: int = key(100, "connections open at once from one IP; 0: no bound", unit="connections")
