@@ -1,10 +1,16 @@
 """Configuration: TOML file, then `RELAY_<SECTION>__<KEY>` environment variables, then CLI flags.
 
-Each section is a frozen dataclass; every key has a default, documented with
-its unit in `config/relay.toml`.  Unknown keys and values of the wrong type
-or range stop the start with the key and the reason (`ConfigError`).
-Environment variables override scalar keys only; lists and tables come from
-the file.
+How this works: each section is a frozen dataclass and each key one of its
+fields, whose metadata holds all of the key's rules (`key`): default, one-line
+doc, unit, minimum and maximum, choices, whether it needs a restart, and the
+parser of a list or table.  One validator (`_check_value`) applies them to the
+file, the environment and the flags alike.  Keys the store or the protocol
+read are declared on their own types (`StoreOptions`, `EventLimits`) with the
+same metadata and named here (`_declared`), so neither imports this module.
+config/relay.toml documents every key (tests/test_config.py holds it to these
+fields).  Unknown keys and values of the wrong type or range stop the start
+with the key and the reason (`ConfigError`).  Environment variables override
+scalar keys only; lists and tables come from the file.
 """
 
 from __future__ import annotations
@@ -12,73 +18,154 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
 from relay.protocol.auth import relay_url_key
 from relay.protocol.event import EventLimits
 from relay.store.projectors.builtin import builtin_projectors  # [[projectors]]
+from relay.store.projectors.engine import MAX_REFUSALS, REBUILD_BATCH
 from relay.store.projectors.spec import ProjectorSpec, SpecError, parse_specs  # [[projectors]]
-from relay.store.checkpoint import CHECKPOINT_MODES
 from relay.store.store import StoreOptions
 
 ENV_PREFIX = "RELAY_"
+_MIN_FRAME_SIZE_LIMIT = 4096
+"""relay.protocol.negentropy's smallest frame size limit, in bytes (not imported: it loads numpy at start-up)."""
 
 
 class ConfigError(ValueError):
     """A configuration key that is unknown or has a bad value; the message names it."""
 
 
+def key(default: Any, doc: str, *, unit: str = "", min: float = 0, max: float | None = None,
+        choices: tuple = (), restart: bool = False, parse: Callable[[str, Any], Any] | None = None) -> Any:
+    """One configuration key as a dataclass field: its default and every rule about it.
+
+    `doc` is one line (config/relay.toml says more); `unit` names what a number
+    counts ("seconds", "bytes", "events"...); a number must be >= `min` and,
+    if given, <= `max`; a string must be one of `choices` if given; `restart`:
+    marked "(restart)" in config/relay.toml.  A list or table is checked by
+    `parse(name, value)`, which returns the value to keep or raises
+    ConfigError; its type then comes from the default (a tuple).
+    """
+    return field(default=default, metadata={"doc": doc, "unit": unit, "min": min, "max": max, "choices": choices,
+                                            "restart": restart, "parse": parse})
+
+
+def _declared(cls: type, name: str) -> Any:
+    """The key declared by field `name` of `cls` (the store's or the protocol's own type): its default and rules."""
+    declared = cls.__dataclass_fields__[name]
+    return field(default=declared.default, metadata=declared.metadata)
+
+
+def _section(cls: type, restart: bool = False) -> Any:
+    """A section of `Config`; `restart`: all its keys are read only at start-up (marked on its header)."""
+    return field(default_factory=cls, metadata={"restart": restart})
+
+
+def _tables(value: Any, section: str, keys: tuple[str, ...] | None) -> Iterator[tuple[str, dict]]:
+    """The tables of the `[[section]]` array as (`section[i]`, table), each holding only `keys` (None: any).
+
+    Raises:
+        ConfigError: `value` is not an array of tables, or a table has another key.
+    """
+    if type(value) is not list:
+        raise ConfigError(f"{section}: must be an array of tables ([[{section}]])")
+    for i, table in enumerate(value):
+        name = f"{section}[{i}]"
+        if type(table) is not dict:
+            raise ConfigError(f"{name}: must be a table")
+        for key in table if keys is not None else ():
+            if key not in keys:
+                raise ConfigError(f"{name}.{key}: unknown key")
+        yield name, table
+
+
+def _parse_list(name: str, value: Any, item: str) -> tuple:
+    """A TOML array of `item`s ("pubkey", "kind" or "network") as a tuple; raises ConfigError naming `name`."""
+    import ipaddress
+
+    from relay.protocol.event import MAX_KIND, is_hex64
+
+    if type(value) not in (list, tuple):
+        raise ConfigError(f"{name}: must be an array")
+    for v in value:
+        if item == "pubkey" and not is_hex64(v):
+            raise ConfigError(f"{name}: must hold 64 lowercase hex characters, got {v!r}")
+        if item == "kind" and (type(v) is not int or not 0 <= v <= MAX_KIND):
+            raise ConfigError(f"{name}: must hold kinds from 0 to {MAX_KIND}, got {v!r}")
+        if item == "network":
+            try:
+                ipaddress.ip_network(v, strict=False)
+            except (TypeError, ValueError):
+                raise ConfigError(f"{name}: must hold IP addresses or networks, got {v!r}") from None
+    return tuple(value)
+
+
+_PUBKEYS = partial(_parse_list, item="pubkey")
+_KINDS = partial(_parse_list, item="kind")
+_NETWORKS = partial(_parse_list, item="network")
+
+
 @dataclass(frozen=True)
 class ServerConfig:
-    """[server]: where to listen."""
+    """[server]: where to listen, this relay's URL, keepalive and shutdown."""
 
-    host: str = "127.0.0.1"
-    port: int = 7777
-    public_url: str = ""
-    shutdown_timeout_seconds: float = 10.0
-    ping_interval_seconds: float = 30.0  # a WebSocket ping to each client this often
-    ping_timeout_seconds: float = 30.0  # a client neither answering nor reading this long is closed (1011)
-    memory_trim_seconds: float = 30.0  # freed heap memory is handed back to the OS this often (glibc); 0: never
+    host: str = key("127.0.0.1", 'address to listen on; "0.0.0.0" for all interfaces', restart=True)
+    port: int = key(7777, "TCP port for WebSocket, NIP-11 and /health; 0 picks a free port", max=65535, restart=True)
+    public_url: str = key("", "this relay's URL, as NIP-42 AUTH and NIP-62 requests to vanish must name it")
+    shutdown_timeout_seconds: float = key(10.0, "on SIGINT/SIGTERM, time for connections to get their OKs and close",
+                                          unit="seconds")
+    ping_interval_seconds: float = key(30.0, "a WebSocket ping to each client this often", unit="seconds", min=0.1)
+    ping_timeout_seconds: float = key(30.0, "a client neither answering nor reading this long is closed (1011)",
+                                      unit="seconds", min=0.1)
+    memory_trim_seconds: float = key(30.0, "freed heap memory is handed back to the OS this often (glibc); 0: never",
+                                     unit="seconds")
 
 
 @dataclass(frozen=True)
 class InfoConfig:
     """[info]: the NIP-11 relay information document."""
 
-    name: str = "relay"
-    description: str = "A Nostr relay on SQLite"
-    pubkey: str = ""
-    contact: str = ""
+    name: str = key("relay", "the relay's name")
+    description: str = key("A Nostr relay on SQLite", "what the relay is for")
+    pubkey: str = key("", "the operator's 64-hex pubkey; omitted when empty")
+    contact: str = key("", "the operator's contact (URI); omitted when empty")
 
 
 @dataclass(frozen=True)
 class LimitsConfig:
     """[limits]: what one client may send and ask for (bytes, counts, seconds)."""
 
-    max_message_bytes: int = 1_048_576
-    max_subscriptions: int = 50
-    max_filters: int = 20
-    max_filter_items: int = 10_000
-    default_limit: int = 500
-    max_limit: int = 5_000
-    max_event_tags: int = 10_000
-    max_content_bytes: int = 262_144
-    max_created_at_future_seconds: int = 900
-    max_events_in_flight: int = 1_024
-    max_live_queue: int = 2_048
-    max_live_queue_bytes: int = 16_777_216
-    max_query_rows: int = 10_000  # events one REQ returns at most, all filters together
-    max_query_bytes: int = 16_777_216  # bytes of events one REQ returns at most (the newest that fit)
-    query_timeout_seconds: float = 5.0  # database time of one REQ or COUNT; 0: unbounded
-    max_stored_results_bytes: int = 268_435_456  # stored REQ results not yet sent, all connections together
-    stored_results_timeout_seconds: float = 15.0  # a reader taking none of its stored results this long is
-                                                  # dropped (1008) and its share of the budget freed
-    stored_results_min_bytes_per_second: int = 16_384  # a reader taking its stored results slower, over each
-                                                       # stored_results_timeout_seconds, is dropped too; 0: none
+    max_message_bytes: int = key(1_048_576, "bytes per WebSocket frame (bigger: closed 1009)", unit="bytes")
+    max_subscriptions: int = key(50, "open REQ subscriptions per connection", unit="subscriptions")
+    max_filters: int = key(20, "filters per REQ or COUNT", unit="filters")
+    max_filter_items: int = key(10_000, "entries per list (ids, authors, kinds, #x) in one filter", unit="entries")
+    default_limit: int = key(500, "events per filter when a REQ gives no limit", unit="events")
+    max_limit: int = key(5_000, "events per filter at most (a larger limit is clamped)", unit="events")
+    max_event_tags: int = _declared(EventLimits, "max_tags")
+    max_content_bytes: int = _declared(EventLimits, "max_content_bytes")
+    max_created_at_future_seconds: int = _declared(EventLimits, "max_created_at_future_seconds")
+    max_events_in_flight: int = key(1_024, "EVENTs per connection awaiting their OK before it stops being read",
+                                    unit="EVENTs")
+    max_live_queue: int = key(2_048, "live messages queued per connection before it is dropped as a slow reader",
+                              unit="messages")
+    max_live_queue_bytes: int = key(16_777_216, "bytes of live messages queued per connection before it is dropped",
+                                    unit="bytes")
+    max_query_rows: int = key(10_000, "events one REQ returns at most, all filters together", unit="events", min=1)
+    max_query_bytes: int = key(16_777_216, "bytes of events one REQ returns at most (the newest that fit)",
+                               unit="bytes")
+    query_timeout_seconds: float = key(5.0, "database time of one REQ or COUNT; 0: unbounded", unit="seconds")
+    max_stored_results_bytes: int = key(268_435_456, "stored REQ results not yet sent, all connections together",
+                                        unit="bytes")
+    stored_results_timeout_seconds: float = key(
+        15.0, "a reader taking none of its stored results this long is dropped (1008)", unit="seconds", min=0.1)
+    stored_results_min_bytes_per_second: int = key(
+        16_384, "a reader taking its stored results slower, over each timeout, is dropped too; 0: none",
+        unit="bytes per second")
 
     def event_limits(self) -> EventLimits:
         """The per-event limits `parse_event` checks."""
@@ -87,40 +174,40 @@ class LimitsConfig:
 
 @dataclass(frozen=True)
 class StoreConfig:
-    """[store]: the SQLite file and the writer."""
+    """[store]: the SQLite file, the writer and the readers (the store's own `StoreOptions`), signature threads
+    and projector upkeep."""
 
-    path: str = "data/relay.db"
-    synchronous: str = "normal"
-    read_connections: int = 4
-    writer_queue_size: int = 4_096
-    max_batch: int = 1_024
-    max_batch_bytes: int = 4_194_304
-    expiry_purge_interval_seconds: float = 60.0
-    checkpoint_interval_seconds: float = 1.0
-    checkpoint_mode: str = "passive"
-    checkpoint_truncate_wal_bytes: int = 67_108_864
-    verify_threads: int = 2
-    max_projector_refusals: int = 10_000  # [[projectors]]: rows kept in the refusal log
-    projector_rebuild_batch: int = 10_000  # [[projectors]]: events per rebuild transaction
+    path: str = key("data/relay.db", "the SQLite file (WAL mode; -wal and -shm files beside it)", restart=True)
+    synchronous: str = _declared(StoreOptions, "synchronous")
+    read_connections: int = _declared(StoreOptions, "read_connections")
+    writer_queue_size: int = _declared(StoreOptions, "writer_queue_size")
+    max_batch: int = _declared(StoreOptions, "max_batch")
+    max_batch_bytes: int = _declared(StoreOptions, "max_batch_bytes")
+    expiry_purge_interval_seconds: float = key(60.0, "time between NIP-40 purges of expired events", unit="seconds")
+    checkpoint_interval_seconds: float = _declared(StoreOptions, "checkpoint_interval_seconds")
+    checkpoint_mode: str = _declared(StoreOptions, "checkpoint_mode")
+    checkpoint_truncate_wal_bytes: int = _declared(StoreOptions, "checkpoint_truncate_wal_bytes")
+    verify_threads: int = key(2, "threads checking BIP-340 signatures", unit="threads", min=1)
+    max_projector_refusals: int = key(MAX_REFUSALS, "[[projectors]]: rows kept in the refusal log", unit="rows",
+                                      min=1)
+    projector_rebuild_batch: int = key(REBUILD_BATCH, "[[projectors]]: events per rebuild transaction",
+                                       unit="events", min=1)
 
     def options(self, read_connections: int | None = None, relay_url: str = "") -> StoreOptions:
         """The Store's options; `read_connections` overrides the pool size (offline commands need one);
         `relay_url` is `[server] public_url` (NIP-62 requests naming it are honoured)."""
-        return StoreOptions(
-            synchronous=self.synchronous, read_connections=read_connections or self.read_connections,
-            writer_queue_size=self.writer_queue_size, max_batch=self.max_batch,
-            max_batch_bytes=self.max_batch_bytes,
-            checkpoint_interval_seconds=self.checkpoint_interval_seconds, checkpoint_mode=self.checkpoint_mode,
-            checkpoint_truncate_wal_bytes=self.checkpoint_truncate_wal_bytes,
-            relay_urls=frozenset([relay_url_key(relay_url)] if relay_url else []))
+        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                  if f.name in StoreOptions.__dataclass_fields__}
+        shared["read_connections"] = read_connections or self.read_connections
+        return StoreOptions(**shared, relay_urls=frozenset([relay_url_key(relay_url)] if relay_url else []))
 
 
 @dataclass(frozen=True)
 class LogConfig:
     """[log]: structlog output."""
 
-    level: str = "info"
-    format: str = "auto"
+    level: str = key("info", "the least severe level written", choices=("debug", "info", "warning", "error"))
+    format: str = key("auto", "auto: console on a terminal, else JSON", choices=("auto", "json", "console"))
 
 
 # --- [sync] (relay/sync/) ---------------------------------------------------------------------------
@@ -144,44 +231,7 @@ class PeerConfig:
     pubkey: str = ""
 
 
-@dataclass(frozen=True)
-class SyncConfig:
-    """[sync]: peer sync with NIP-77 (seconds, bytes, counts); `peers` come from the file only."""
-
-    secret_key_file: str = ""
-    interval_seconds: float = 300.0
-    frame_size_limit: int = 60_000
-    fetch_batch: int = 500
-    fetch_in_flight: int = 2
-    push_in_flight: int = 500
-    live_queue: int = 10_000
-    timeout_seconds: float = 30.0
-    connect_timeout_seconds: float = 10.0
-    backoff_initial_seconds: float = 1.0
-    backoff_max_seconds: float = 300.0
-    lease_seconds: float = 60.0
-    peers: tuple[PeerConfig, ...] = ()
-
-
-def _tables(value: Any, section: str, keys: tuple[str, ...] | None) -> Iterator[tuple[str, dict]]:
-    """The tables of the `[[section]]` array as (`section[i]`, table), each holding only `keys` (None: any).
-
-    Raises:
-        ConfigError: `value` is not an array of tables, or a table has another key.
-    """
-    if type(value) is not list:
-        raise ConfigError(f"{section}: must be an array of tables ([[{section}]])")
-    for i, table in enumerate(value):
-        name = f"{section}[{i}]"
-        if type(table) is not dict:
-            raise ConfigError(f"{name}: must be a table")
-        for key in table if keys is not None else ():
-            if key not in keys:
-                raise ConfigError(f"{name}.{key}: unknown key")
-        yield name, table
-
-
-def _parse_peers(value: Any) -> tuple[PeerConfig, ...]:
+def _parse_peers(name: str, value: Any) -> tuple[PeerConfig, ...]:
     """`[[sync.peers]]` tables into PeerConfigs; raises ConfigError naming `sync.peers[i].<key>`."""
     import json
 
@@ -190,7 +240,7 @@ def _parse_peers(value: Any) -> tuple[PeerConfig, ...]:
     from relay.protocol.rejection import Rejection
 
     peers, urls = [], set()
-    for name, table in _tables(value, "sync.peers", ("url", "direction", "filter", "pubkey")):
+    for name, table in _tables(value, name, ("url", "direction", "filter", "pubkey")):
         url = table.get("url")
         if type(url) is not str or not url.startswith(("ws://", "wss://")):
             raise ConfigError(f"{name}.url: must be a ws:// or wss:// URL, got {url!r}")
@@ -221,40 +271,47 @@ def _parse_peers(value: Any) -> tuple[PeerConfig, ...]:
     return tuple(peers)
 
 
-# --- [negentropy] (NIP-77, relay side: relay/server/negentropy.py, relay/store/negentropy_index.py) ---------
-
-
 @dataclass(frozen=True)
-class NegentropyConfig:
-    """[negentropy]: answering NIP-77 NEG-OPEN (bytes, counts of items, seconds); `filters` from the file only.
+class SyncConfig:
+    """[sync]: peer sync with NIP-77 (seconds, bytes, counts); `peers` come from the file only.
 
-    `filters` are NIP-01 filter tables without since/until/limit whose
-    (created_at, id) index is kept in the write transaction, as it always is
-    for the full set; other NEG-OPEN filters are answered from a query.
+    relay/sync/ reads this section; `SyncOptions` carries the part one
+    reconciliation needs.
     """
 
-    enabled: bool = True
-    frame_size_limit: int = 500_000
-    max_sync_events: int = 1_000_000
-    max_session_items: int = 4_000_000
-    max_sessions_per_connection: int = 8
-    idle_timeout_seconds: float = 60.0
-    cache_items: int = 2_000_000
-    filters: tuple[dict, ...] = ()
-    protected_filters: tuple[dict, ...] = ()  # indexed like `filters`, and never evicted by [retention]
+    secret_key_file: str = key("", 'file of this node\'s secret key, created at first start; "": sync.key beside '
+                                   "store.path", restart=True)
+    interval_seconds: float = key(300.0, "time between full reconciliations with each configured peer",
+                                  unit="seconds", min=0.1)
+    frame_size_limit: int = key(60_000, "bytes per negentropy message we send", unit="bytes", min=_MIN_FRAME_SIZE_LIMIT)
+    fetch_batch: int = key(500, "event ids per REQ when fetching what we lack", unit="ids", min=1)
+    fetch_in_flight: int = key(2, "fetch REQs awaiting their EOSE at once", unit="REQs", min=1)
+    push_in_flight: int = key(500, "EVENTs sent to a peer awaiting their OK at once", unit="EVENTs", min=1)
+    live_queue: int = key(10_000, "new events waiting to be pushed live to one peer", unit="events", min=1)
+    timeout_seconds: float = key(30.0, "time without any message from a peer before a pending request fails",
+                                 unit="seconds", min=0.1)
+    connect_timeout_seconds: float = key(10.0, "time to open the WebSocket to a peer", unit="seconds", min=0.1)
+    backoff_initial_seconds: float = key(1.0, "wait before reconnecting after a failure; doubles per failure",
+                                         unit="seconds", min=0.01)
+    backoff_max_seconds: float = key(300.0, "longest wait before reconnecting", unit="seconds", min=0.01)
+    lease_seconds: float = key(60.0, "how long a process holds its claim on a peer", unit="seconds", min=1.0)
+    peers: tuple[PeerConfig, ...] = key((), "relays to keep in sync with ([[sync.peers]] tables)", restart=True,
+                                        parse=_parse_peers)
 
+
+# --- [negentropy] (NIP-77, relay side: relay/server/negentropy.py, relay/store/negentropy_index.py) ---------
 
 NEG_ENVELOPE_BYTES = 512
 """Room for `["NEG-MSG","<subscription id, JSON-escaped>",""]` around a hex frame, in bytes."""
 
 
-def _parse_negentropy_filters(value: Any, setting: str) -> tuple[dict, ...]:
+def _parse_negentropy_filters(name: str, value: Any) -> tuple[dict, ...]:
     """`[negentropy] filters` or `protected_filters` (arrays of filter tables) checked with parse_filter;
     raises ConfigError."""
     from relay.protocol.filters import parse_filter
     from relay.protocol.rejection import Rejection
 
-    for name, table in _tables(value, f"negentropy.{setting}", None):  # each a NIP-01 filter
+    for name, table in _tables(value, name, None):  # each a NIP-01 filter
         for key in ("since", "until", "limit"):
             if key in table:
                 raise ConfigError(f"{name}.{key}: an indexed filter has no {key}")
@@ -266,6 +323,32 @@ def _parse_negentropy_filters(value: Any, setting: str) -> tuple[dict, ...]:
     return tuple(value)
 
 
+@dataclass(frozen=True)
+class NegentropyConfig:
+    """[negentropy]: answering NIP-77 NEG-OPEN (bytes, counts of items, seconds); `filters` from the file only.
+
+    `filters` are NIP-01 filter tables without since/until/limit whose
+    (created_at, id) index is kept in the write transaction, as it always is
+    for the full set; other NEG-OPEN filters are answered from a query.
+    """
+
+    enabled: bool = key(True, "answer NEG-* and keep the index")
+    frame_size_limit: int = key(500_000, "bytes per negentropy message we send", unit="bytes",
+                                min=_MIN_FRAME_SIZE_LIMIT)
+    max_sync_events: int = key(1_000_000, "events at most in one NEG-OPEN answered from a query", unit="events")
+    max_session_items: int = key(4_000_000, "items held in memory by all open NEG-OPEN sessions together",
+                                 unit="items")
+    max_sessions_per_connection: int = key(8, "open NEG-OPEN sessions per connection", unit="sessions", min=1)
+    idle_timeout_seconds: float = key(60.0, "time without a NEG-MSG before a session is closed", unit="seconds",
+                                      min=0.1)
+    cache_items: int = key(2_000_000, "indexed items kept decoded in memory, for all sessions together",
+                           unit="items")
+    filters: tuple[dict, ...] = key((), "filters indexed in the write transaction besides the full set",
+                                    parse=_parse_negentropy_filters)
+    protected_filters: tuple[dict, ...] = key((), "filters indexed like `filters`, never evicted by [retention]",
+                                              parse=_parse_negentropy_filters)
+
+
 # --- [auth] and [rate_limits] (NIP-42 and access control: relay/server/access.py, relay/server/ratelimit.py) ---
 
 WRITE_MODES = ("all", "authenticated", "listed")
@@ -275,18 +358,36 @@ WRITE_MODES = ("all", "authenticated", "listed")
 class AuthConfig:
     """[auth]: NIP-42 authentication, who may write, which kinds, private kinds (seconds, kinds, 64-hex pubkeys)."""
 
-    challenge_on_connect: bool = True
-    max_age_seconds: int = 600
-    write: str = "all"
-    write_pubkeys: tuple[str, ...] = ()
-    allow_kinds: tuple[int, ...] = ()
-    deny_kinds: tuple[int, ...] = ()
-    private_kinds: tuple[int, ...] = (4, 1059)
+    challenge_on_connect: bool = key(True, "send an AUTH challenge when a connection opens")
+    max_age_seconds: int = key(600, "how far an AUTH event's created_at may be from the relay's clock",
+                               unit="seconds")
+    write: str = key("all", "who may publish", choices=WRITE_MODES)
+    write_pubkeys: tuple[str, ...] = key((), "64-hex pubkeys for write = listed / authenticated", parse=_PUBKEYS)
+    allow_kinds: tuple[int, ...] = key((), "kinds accepted from clients; []: every kind", parse=_KINDS)
+    deny_kinds: tuple[int, ...] = key((), "kinds refused from clients", parse=_KINDS)
+    private_kinds: tuple[int, ...] = key((4, 1059), "kinds served only to their author or a p-tagged recipient",
+                                         parse=_KINDS)
 
     @property
     def restricts_writes(self) -> bool:
         """True when not everyone may publish every kind (NIP-11 `restricted_writes`)."""
         return self.write != "all" or bool(self.allow_kinds or self.deny_kinds)
+
+
+def _rate(rate: float, what: str) -> Any:
+    """The key of a per-connection token bucket's rate: `what` per second."""
+    return key(rate, f"{what} per second per connection; 0: no limit", unit=f"{what} per second")
+
+
+def _burst(burst: int, what: str) -> Any:
+    """The key of a per-connection token bucket's size: `what` at once; a bucket holds at least one token."""
+    return key(burst, f"{what} at once per connection before the rate applies", unit=what, min=1)
+
+
+def _per_ip(default: float, per_connection: Any) -> Any:
+    """The per-client-IP twin of the `per_connection` key (a field): the same rules, its own default."""
+    rules = per_connection.metadata
+    return field(default=default, metadata={**rules, "doc": rules["doc"].replace("per connection", "per client IP")})
 
 
 @dataclass(frozen=True)
@@ -297,49 +398,26 @@ class RateLimitConfig:
     addresses or networks ("10.0.0.0/8").
     """
 
-    enabled: bool = True
-    events_per_second: float = 10.0
-    events_burst: int = 100
-    reqs_per_second: float = 10.0
-    reqs_burst: int = 50
-    neg_opens_per_second: float = 1.0
-    neg_opens_burst: int = 10
-    ip_events_per_second: float = 50.0
-    ip_events_burst: int = 500
-    ip_reqs_per_second: float = 50.0
-    ip_reqs_burst: int = 250
-    ip_neg_opens_per_second: float = 5.0
-    ip_neg_opens_burst: int = 20
-    ip_stored_results_bytes: int = 67_108_864  # unsent REQ results of one IP's connections together; 0: no bound
-    ip_connections: int = 100  # connections open at once from one IP; 0: no bound
-    exempt: tuple[str, ...] = ()
-    trusted_proxies: tuple[str, ...] = ()
+    enabled: bool = key(True, "false: no rate limits at all")
+    events_per_second: float = _rate(10.0, "EVENTs")
+    events_burst: int = _burst(100, "EVENTs")
+    reqs_per_second: float = _rate(10.0, "REQs")
+    reqs_burst: int = _burst(50, "REQs")
+    neg_opens_per_second: float = _rate(1.0, "NEG-OPENs")
+    neg_opens_burst: int = _burst(10, "NEG-OPENs")
+    ip_events_per_second: float = _per_ip(50.0, events_per_second)
+    ip_events_burst: int = _per_ip(500, events_burst)
+    ip_reqs_per_second: float = _per_ip(50.0, reqs_per_second)
+    ip_reqs_burst: int = _per_ip(250, reqs_burst)
+    ip_neg_opens_per_second: float = _per_ip(5.0, neg_opens_per_second)
+    ip_neg_opens_burst: int = _per_ip(20, neg_opens_burst)
+    ip_stored_results_bytes: int = key(67_108_864, "unsent REQ results of one IP's connections together; 0: no bound",
+                                       unit="bytes")
+    ip_connections: int = key(100, "connections open at once from one IP; 0: no bound", unit="connections")
+    exempt: tuple[str, ...] = key((), "client IPs or networks never limited", parse=_NETWORKS)
+    trusted_proxies: tuple[str, ...] = key((), "reverse proxies whose X-Forwarded-For names the client IP",
+                                           parse=_NETWORKS)
 
-
-def _parse_list(name: str, value: Any, item: str) -> tuple:
-    """A TOML array of `item`s ("pubkey", "kind" or "network") as a tuple; raises ConfigError naming `name`."""
-    import ipaddress
-
-    from relay.protocol.event import MAX_KIND, is_hex64
-
-    if type(value) not in (list, tuple):
-        raise ConfigError(f"{name}: must be an array")
-    for v in value:
-        if item == "pubkey" and not is_hex64(v):
-            raise ConfigError(f"{name}: must hold 64 lowercase hex characters, got {v!r}")
-        if item == "kind" and (type(v) is not int or not 0 <= v <= MAX_KIND):
-            raise ConfigError(f"{name}: must hold kinds from 0 to {MAX_KIND}, got {v!r}")
-        if item == "network":
-            try:
-                ipaddress.ip_network(v, strict=False)
-            except (TypeError, ValueError):
-                raise ConfigError(f"{name}: must hold IP addresses or networks, got {v!r}") from None
-    return tuple(value)
-
-
-_LISTS = {("auth", "write_pubkeys"): "pubkey", ("auth", "allow_kinds"): "kind", ("auth", "deny_kinds"): "kind",
-          ("auth", "private_kinds"): "kind", ("rate_limits", "exempt"): "network",
-          ("rate_limits", "trusted_proxies"): "network"}
 
 # --- [retention] (relay/retention.py, relay/store/retention.py; NIP-62: relay/store/vanish.py) ----------------
 
@@ -353,22 +431,12 @@ class RetentionRule:
     kinds: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
-class RetentionConfig:
-    """[retention]: removing old events (days, seconds, counts), and this relay's URL for NIP-62."""
-
-    interval_seconds: float = 3600.0
-    batch_size: int = 100
-    max_events: int = 0
-    rules: tuple[RetentionRule, ...] = ()
-
-
-def _parse_retention_rules(value: Any) -> tuple[RetentionRule, ...]:
+def _parse_retention_rules(name: str, value: Any) -> tuple[RetentionRule, ...]:
     """`[[retention.rules]]` tables into RetentionRules; raises ConfigError naming `retention.rules[i].<key>`."""
     from relay.protocol.event import MAX_KIND
 
     rules = []
-    for name, table in _tables(value, "retention.rules", ("kinds", "max_age_days")):
+    for name, table in _tables(value, name, ("kinds", "max_age_days")):
         age = table.get("max_age_days")
         if type(age) not in (int, float) or not age > 0:
             raise ConfigError(f"{name}.max_age_days: must be a number of days > 0, got {age!r}")
@@ -380,67 +448,55 @@ def _parse_retention_rules(value: Any) -> tuple[RetentionRule, ...]:
 
 
 @dataclass(frozen=True)
+class RetentionConfig:
+    """[retention]: removing old events (days, seconds, counts)."""
+
+    interval_seconds: float = key(3600.0, "time between retention runs", unit="seconds", min=0.01)
+    batch_size: int = key(100, "events read per retention transaction", unit="events", min=1)
+    max_events: int = key(0, "events stored at most, the oldest removed first; 0: no maximum", unit="events")
+    rules: tuple[RetentionRule, ...] = key((), "age rules ([[retention.rules]] tables)", parse=_parse_retention_rules)
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration, one attribute per TOML section."""
 
-    server: ServerConfig = field(default_factory=ServerConfig)
-    info: InfoConfig = field(default_factory=InfoConfig)
-    limits: LimitsConfig = field(default_factory=LimitsConfig)
-    store: StoreConfig = field(default_factory=StoreConfig)
-    log: LogConfig = field(default_factory=LogConfig)
-    sync: SyncConfig = field(default_factory=SyncConfig)
-    negentropy: NegentropyConfig = field(default_factory=NegentropyConfig)
-    auth: AuthConfig = field(default_factory=AuthConfig)
-    rate_limits: RateLimitConfig = field(default_factory=RateLimitConfig)
-
-    retention: RetentionConfig = field(default_factory=RetentionConfig)
+    server: ServerConfig = _section(ServerConfig)
+    info: InfoConfig = _section(InfoConfig)
+    limits: LimitsConfig = _section(LimitsConfig)
+    store: StoreConfig = _section(StoreConfig)
+    log: LogConfig = _section(LogConfig)
+    sync: SyncConfig = _section(SyncConfig)
+    negentropy: NegentropyConfig = _section(NegentropyConfig, restart=True)
+    auth: AuthConfig = _section(AuthConfig, restart=True)
+    rate_limits: RateLimitConfig = _section(RateLimitConfig, restart=True)
+    retention: RetentionConfig = _section(RetentionConfig, restart=True)
     # [[projectors]]: an array of tables, not a section; absent from the file means the built-in ones.
     projectors: tuple[ProjectorSpec, ...] = field(default_factory=builtin_projectors)
 
 
-_CHOICES = {
-    ("store", "synchronous"): ("off", "normal", "full", "extra"),
-    ("store", "checkpoint_mode"): CHECKPOINT_MODES,
-    ("log", "level"): ("debug", "info", "warning", "error"),
-    ("log", "format"): ("auto", "json", "console"),
-    ("auth", "write"): WRITE_MODES,
-}
-_MINIMUM_SYNC = {"frame_size_limit": 4096, "fetch_batch": 1, "fetch_in_flight": 1, "push_in_flight": 1,
-                 "live_queue": 1, "interval_seconds": 0.1, "timeout_seconds": 0.1,
-                 "connect_timeout_seconds": 0.1, "backoff_initial_seconds": 0.01, "backoff_max_seconds": 0.01,
-                 "lease_seconds": 1.0}
+_TABLE_ARRAYS = ("projectors",)  # top-level arrays of tables ([[projectors]]), from the file only
 _SQLITE_MAX_LENGTH = 1_000_000_000  # SQLite's default bound on one string or blob (bytes)
-_MINIMUM = {("server", "port"): 0, ("server", "ping_interval_seconds"): 0.1, ("server", "ping_timeout_seconds"): 0.1,
-            ("store", "read_connections"): 1, ("store", "verify_threads"): 1,
-            ("store", "max_batch"): 1, ("store", "writer_queue_size"): 1,
-            ("store", "max_projector_refusals"): 1, ("store", "projector_rebuild_batch"): 1,
-            ("retention", "interval_seconds"): 0.01, ("retention", "batch_size"): 1,
-            ("limits", "max_query_rows"): 1, ("limits", "stored_results_timeout_seconds"): 0.1}
-_MINIMUM.update({("sync", key): low for key, low in _MINIMUM_SYNC.items()})
-_MINIMUM.update({("negentropy", "frame_size_limit"): 4096,  # the engine's MIN_FRAME_SIZE_LIMIT
-                 ("negentropy", "max_sessions_per_connection"): 1, ("negentropy", "idle_timeout_seconds"): 0.1,
-                 ("negentropy", "cache_items"): 0})
-_MINIMUM.update({("rate_limits", f"{scope}{what}_burst"): 1  # a token bucket holds at least one token
-                 for scope in ("", "ip_") for what in ("events", "reqs", "neg_opens")})
 
 
-@cache  # called per key: building the section's defaults each time cost most of a load
-def _section_types(section: str) -> dict[str, type]:
-    cls = {f.name: f.default_factory for f in dataclasses.fields(Config)}[section]
-    return {f.name: type(getattr(cls(), f.name)) for f in dataclasses.fields(cls)}
+def sections() -> dict[str, type]:
+    """Each section's name and dataclass, in `Config` order ([[projectors]] aside)."""
+    return {f.name: f.default_factory for f in dataclasses.fields(Config) if f.name not in _TABLE_ARRAYS}
+
+
+@cache  # called per key
+def section_keys(section: str) -> dict[str, dataclasses.Field]:
+    """The keys of `section` by name: dataclass fields whose metadata holds their rules (see `key`)."""
+    return {f.name: f for f in dataclasses.fields(sections()[section])}
 
 
 def _check_value(section: str, key: str, value: Any) -> Any:
-    if (section, key) == ("sync", "peers"):
-        return _parse_peers(value)
-    if (section, key) in _LISTS:
-        return _parse_list(f"{section}.{key}", value, _LISTS[section, key])
-    if (section, key) in (("negentropy", "filters"), ("negentropy", "protected_filters")):
-        return _parse_negentropy_filters(value, key)
-    if (section, key) == ("retention", "rules"):
-        return _parse_retention_rules(value)
-    expected = _section_types(section)[key]
-    name = f"{section}.{key}"
+    """`value` for `section.key` once its rules (see `key`) hold; raises ConfigError naming the key."""
+    declared = section_keys(section)[key]
+    rules, name = declared.metadata, f"{section}.{key}"
+    if rules.get("parse"):
+        return rules["parse"](name, value)
+    expected = type(declared.default)
     if expected is float and type(value) is int:
         value = float(value) if abs(value) < 2**1023 else math.inf  # no OverflowError past double range
     if type(value) is not expected:
@@ -448,18 +504,17 @@ def _check_value(section: str, key: str, value: Any) -> Any:
     if expected is float and not math.isfinite(value):
         # nan passes every `<` check; inf overflows asyncio timers.
         raise ConfigError(f"{name}: must be a finite number, got {value!r}")
-    if expected in (int, float) and value < _MINIMUM.get((section, key), 0):
-        raise ConfigError(f"{name}: must be >= {_MINIMUM.get((section, key), 0)}, got {value!r}")
-    choices = _CHOICES.get((section, key))
-    if choices and value not in choices:
-        raise ConfigError(f"{name}: must be one of {', '.join(choices)}, got {value!r}")
-    if (section, key) == ("server", "port") and value > 65535:
-        raise ConfigError(f"{name}: must be <= 65535, got {value!r}")
+    if expected in (int, float) and value < rules.get("min", 0):
+        raise ConfigError(f"{name}: must be >= {rules.get('min', 0)}, got {value!r}")
+    if rules.get("choices") and value not in rules["choices"]:
+        raise ConfigError(f"{name}: must be one of {', '.join(rules['choices'])}, got {value!r}")
+    if rules.get("max") is not None and value > rules["max"]:
+        raise ConfigError(f"{name}: must be <= {rules['max']}, got {value!r}")
     return value
 
 
 def _parse_env_value(section: str, key: str, text: str) -> Any:
-    expected = _section_types(section)[key]
+    expected = type(section_keys(section)[key].default)
     if expected is tuple:
         raise ConfigError(f"{section}.{key}: lists and tables come from the configuration file only")
     if expected is str:
@@ -477,13 +532,6 @@ def _parse_env_value(section: str, key: str, text: str) -> Any:
         raise ConfigError(f"{section}.{key}: expected {expected.__name__}, got {text!r}") from None
 
 
-_TABLE_ARRAYS = ("projectors",)  # top-level arrays of tables ([[projectors]]), from the file only
-
-
-def _sections() -> set[str]:
-    return {f.name for f in dataclasses.fields(Config)} - set(_TABLE_ARRAYS)
-
-
 def _parse_projectors(value: Any) -> tuple[ProjectorSpec, ...]:
     """`[[projectors]]` tables (or `projectors = []`) into specs; raises ConfigError naming projector and field."""
     try:
@@ -497,12 +545,12 @@ def _merge_file(values: dict[str, dict[str, Any]], data: dict[str, Any]) -> None
         if section == "projectors":
             values["projectors"] = _parse_projectors(table)  # type: ignore[assignment]
             continue
-        if section not in _sections():
+        if section not in sections():
             raise ConfigError(f"{section}: unknown section")
         if not isinstance(table, dict):
             raise ConfigError(f"{section}: must be a table")
         for key, value in table.items():
-            if key not in _section_types(section):
+            if key not in section_keys(section):
                 raise ConfigError(f"{section}.{key}: unknown key")
             values[section][key] = _check_value(section, key, value)
 
@@ -512,7 +560,7 @@ def _merge_env(values: dict[str, dict[str, Any]], env: Mapping[str, str]) -> Non
         if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue
         section, _, key = name[len(ENV_PREFIX):].lower().partition("__")
-        if section not in _sections() or key not in _section_types(section):
+        if section not in sections() or key not in section_keys(section):
             raise ConfigError(f"{name}: unknown setting {section}.{key}")
         values[section][key] = _check_value(section, key, _parse_env_value(section, key, text))
 
@@ -530,7 +578,7 @@ def load_config(
         ConfigError: an unreadable file, an unknown section or key, or a bad
         value; the message names the key and the reason.
     """
-    values: dict[str, Any] = {s: {} for s in _sections()}
+    values: dict[str, Any] = {s: {} for s in sections()}
     if path is not None:
         try:
             data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
@@ -542,9 +590,8 @@ def load_config(
         for key, value in table.items():
             if value is not None:
                 values[section][key] = _check_value(section, key, value)
-    config = Config(**{
-        f.name: f.default_factory(**values[f.name]) for f in dataclasses.fields(Config) if f.name in _sections()
-    }, projectors=values.get("projectors", builtin_projectors()))
+    config = Config(**{name: cls(**values[name]) for name, cls in sections().items()},
+                    projectors=values.get("projectors", builtin_projectors()))
     _check_consistency(config)
     return config
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 from coincurve import PublicKeyXOnly
@@ -61,11 +61,18 @@ def kind_class(kind: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class EventLimits:
-    """Per-event limits checked by `parse_event` (bytes, counts, seconds)."""
+    """Per-event limits checked by `parse_event` (counts, bytes, seconds).
 
-    max_tags: int = 10_000
-    max_content_bytes: int = 256 * 1024
-    max_created_at_future_seconds: int = 900
+    They are the `[limits]` keys max_event_tags, max_content_bytes and
+    max_created_at_future_seconds: default and rules are written here once, in
+    field metadata that relay/config.py reads.
+    """
+
+    max_tags: int = field(default=10_000, metadata={"doc": "tags per event", "unit": "tags"})
+    max_content_bytes: int = field(default=262_144, metadata={
+        "doc": "bytes of content per event (UTF-8)", "unit": "bytes"})
+    max_created_at_future_seconds: int = field(default=900, metadata={
+        "doc": "how far created_at may be ahead of the relay's clock", "unit": "seconds"})
 
 
 @dataclass(slots=True, eq=False)

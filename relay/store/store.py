@@ -18,7 +18,7 @@ import sqlite3
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiosqlite
@@ -29,7 +29,7 @@ from relay.protocol.event import Event
 from relay.protocol.filters import Filter
 from relay.store import db
 from relay.store.bounds import run_with_deadline
-from relay.store.checkpoint import checkpoint
+from relay.store.checkpoint import CHECKPOINT_MODES, checkpoint
 from relay.store.queries import compile_count, compile_filter, run_count, run_query
 from relay.store.writes import Changes, TransactionHook, Write, apply_batch, purge_expired
 
@@ -38,17 +38,31 @@ log = structlog.get_logger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class StoreOptions:
-    """Store tuning: counts of events and connections, seconds."""
+    """Store tuning: counts of events and connections, bytes, seconds.
 
-    synchronous: str = "normal"
-    read_connections: int = 4
-    writer_queue_size: int = 4096
-    max_batch: int = 1024
-    max_batch_bytes: int = 4_194_304
-    purge_batch: int = 1000
-    checkpoint_interval_seconds: float = 1.0
-    checkpoint_mode: str = "passive"  # relay/store/checkpoint.py: the policy
-    checkpoint_truncate_wal_bytes: int = 67_108_864
+    The fields with metadata are also `[store]` keys of the same names: their
+    default and rules (one-line doc, unit, minimum, choices) are written here
+    once, and relay/config.py reads them from these fields.
+    """
+
+    synchronous: str = field(default="normal", metadata={
+        "doc": "SQLite synchronous; normal survives process crashes", "choices": ("off", "normal", "full", "extra")})
+    read_connections: int = field(default=4, metadata={
+        "doc": "read connections serving REQ and COUNT", "unit": "connections", "min": 1})
+    writer_queue_size: int = field(default=4096, metadata={
+        "doc": "events waiting for the writer; when full, connections stop reading", "unit": "events", "min": 1})
+    max_batch: int = field(default=1024, metadata={
+        "doc": "events committed in one transaction at most", "unit": "events", "min": 1})
+    max_batch_bytes: int = field(default=4_194_304, metadata={
+        "doc": "bytes of event JSON committed in one transaction at most (one event always fits)", "unit": "bytes"})
+    purge_batch: int = 1000  # events per NIP-40 purge transaction (not a key)
+    checkpoint_interval_seconds: float = field(default=1.0, metadata={
+        "doc": "time between WAL checkpoints by a background connection; 0: the writer checkpoints itself",
+        "unit": "seconds"})
+    checkpoint_mode: str = field(default="passive", metadata={  # relay/store/checkpoint.py: the policy
+        "doc": "the mode run after a PASSIVE round that copied the whole WAL back", "choices": CHECKPOINT_MODES})
+    checkpoint_truncate_wal_bytes: int = field(default=67_108_864, metadata={
+        "doc": "size of the WAL file past which a TRUNCATE is attempted; 0: never", "unit": "bytes"})
     relay_urls: frozenset[tuple] = frozenset()  # this relay's URL keys (relay_url_key), for NIP-62 requests to vanish
 
 

@@ -64,13 +64,17 @@ _ID_SLICE = slice(7, 71)  # the id inside our canonical JSON: {"id":"<64 hex>",.
 
 @dataclass(frozen=True)
 class SyncOptions:
-    """How one reconciliation runs: direction, bytes per frame, counts of ids and events."""
+    """How one reconciliation runs: direction, bytes per frame, counts of ids and events.
 
-    direction: str = "both"
-    frame_size_limit: int = 60_000
-    fetch_batch: int = 500
-    fetch_in_flight: int = 2
-    push_in_flight: int = 500
+    `scheduler.sync_options` builds it from `[sync]`, where the defaults and
+    rules are (relay/config.py `SyncConfig`).
+    """
+
+    direction: str
+    frame_size_limit: int
+    fetch_batch: int
+    fetch_in_flight: int
+    push_in_flight: int
 
 
 @dataclass

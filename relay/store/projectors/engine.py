@@ -52,6 +52,10 @@ log = structlog.get_logger(__name__)
 AnySpec = ProjectorSpec | CausalSpec
 Refusals = list[tuple[str, str, str]]  # (projector, event id hex, reason)
 _SQL_ERRORS = (sqlite3.Error, ValueError, OverflowError)  # ValueError: e.g. a string SQLite cannot encode
+MAX_REFUSALS = 10_000
+"""Rows kept in `projector_refusals` by default (the `[store] max_projector_refusals` default)."""
+REBUILD_BATCH = 10_000
+"""Events per rebuild transaction by default (the `[store] projector_rebuild_batch` default)."""
 
 
 class PlainProjector:
@@ -168,7 +172,7 @@ class ProjectorHook:
     `removed` the names found in `meta` but no longer configured.
     """
 
-    def __init__(self, specs: Sequence[AnySpec], max_refusals: int = 10_000, rebuild_batch: int = 10_000,
+    def __init__(self, specs: Sequence[AnySpec], max_refusals: int = MAX_REFUSALS, rebuild_batch: int = REBUILD_BATCH,
                  clock: Callable[[], float] = time.time) -> None:
         names = [s.name for s in specs]
         duplicate = next((n for n in names if names.count(n) > 1), None)
@@ -275,7 +279,7 @@ def _check_ownership(cur: sqlite3.Cursor, spec: AnySpec) -> None:
                              "choose another table name")
 
 
-def rebuild(conn: sqlite3.Connection, spec: AnySpec, reason: str, batch: int = 10_000, max_refusals: int = 10_000,
+def rebuild(conn: sqlite3.Connection, spec: AnySpec, reason: str, batch: int, max_refusals: int,
             clock: Callable[[], float] = time.time) -> int:
     """Recompute `spec`'s tables from the `events` table, in transactions of `batch` events (at most 900 per
     statement). Returns the events read.
@@ -339,8 +343,8 @@ def rebuild(conn: sqlite3.Connection, spec: AnySpec, reason: str, batch: int = 1
     return total
 
 
-def force_rebuild(conn: sqlite3.Connection, specs: Sequence[AnySpec], name: str, batch: int = 10_000,
-                  max_refusals: int = 10_000) -> int:
+def force_rebuild(conn: sqlite3.Connection, specs: Sequence[AnySpec], name: str, batch: int,
+                  max_refusals: int) -> int:
     """Rebuild the projector called `name` now, whatever its record. Returns the events read.
 
     Raises:
