@@ -121,7 +121,7 @@ def _main(argv: list[str] | None) -> int:
 
         return run_status(config, args.json)
     if args.command == "key":
-        from relay.sync.keys import key_path, run_key
+        from relay.keys import key_path, run_key
 
         return run_key(args.file or key_path(config.sync.secret_key_file, config.store.path), args.file is not None)
     if args.command == "backup":

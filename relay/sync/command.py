@@ -14,7 +14,7 @@ from relay.protocol.envelopes import loads
 from relay.protocol.filters import parse_filter
 from relay.protocol.rejection import Rejection
 from relay.store.store import Store
-from relay.sync.keys import NodeKeyError
+from relay.keys import NodeKeyError
 from relay.sync.peer import PeerConnection, PeerError
 from relay.sync.scheduler import max_frame_bytes, node_key, sync_options
 from relay.sync.session import DIRECTIONS, Intake, SyncOptions, SyncReport, sync_with_peer

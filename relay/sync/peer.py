@@ -33,7 +33,7 @@ import websockets
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from relay.protocol.negentropy import Negentropy, NegentropyError
-from relay.sync.keys import NodeKey, encode_auth
+from relay.keys import NodeKey, encode_auth
 
 log = structlog.get_logger(__name__)
 

@@ -42,7 +42,7 @@ from relay.protocol.filters import Filter, parse_filter
 from relay.store.store import Store
 from relay.store.writes import Changes
 from relay.sync.differences import LOGGED_IDS, LastingDifferences
-from relay.sync.keys import NodeKey, NodeKeyError, key_path, load_or_create
+from relay.keys import NodeKey, NodeKeyError, key_path, load_or_create
 from relay.sync.peer import PeerConnection, PeerError
 from relay.sync.session import ERROR, STORED, Intake, SyncOptions, SyncReport, classify, push_chunk, sync_with_peer
 from relay.sync.state import LeaseBusy, LeaseLost, PeerStates, new_owner

@@ -17,7 +17,7 @@ from pathlib import Path
 import dockerfile
 import yaml
 
-from relay.sync.keys import NodeKey
+from relay.keys import NodeKey
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"

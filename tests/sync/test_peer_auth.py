@@ -13,7 +13,7 @@ import sqlite3
 import time
 
 from relay.server.app import Relay
-from relay.sync.keys import NodeKey
+from relay.keys import NodeKey
 from tests.conftest import make_config
 from tests.helpers import Client, Keys, eventually
 from tests.served import free_port

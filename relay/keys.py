@@ -1,4 +1,4 @@
-"""The node's own key: created once with mode 0600, used to answer NIP-42 AUTH challenges of peers."""
+"""The node's own key: created once with mode 0600; answers NIP-42 AUTH challenges of peers (and will sign records)."""
 
 from __future__ import annotations
 
