@@ -221,7 +221,7 @@ def _parse_peers(value: Any) -> tuple[PeerConfig, ...]:
     return tuple(peers)
 
 
-# --- [negentropy] (NIP-77, relay side: relay/server/negentropy.py, relay/store/negentropy_index.py) ---------
+# --- [negentropy] (NIP-77, relay side: relay/server/negentropy.py, relay/store/negentropy/) --------------
 
 
 @dataclass(frozen=True)
