@@ -6,7 +6,8 @@ Storage is abstract: the reconciler only asks for sizes, items by index,
 lower-bound searches and range fingerprints, in bulk where it can, so an
 index kept in SQLite with per-bucket sums (relay/store/negentropy/) can
 serve it.  `SortedVector` is the in-memory implementation, with numpy
-arrays and prefix sums for O(1) fingerprints.
+arrays and prefix sums for O(1) fingerprints; `SortedVector.from_rows`
+builds one from (created_at, id) rows, as a query returns them.
 
 Source: NIP-77 appendix "Negentropy Protocol V1" (items are sorted by
 timestamp, then id).
@@ -16,12 +17,15 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Sequence
+from itertools import islice
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from relay.protocol.negentropy.codec import ID_SIZE, INFINITY, Bound, NegentropyError
 from relay.protocol.negentropy.fingerprint import as_id_array, fingerprint_from_sum, running_id_sums
+
+_ROWS_PER_CHUNK = 65_536  # rows turned into arrays at a time by `SortedVector.from_rows`
 
 
 @runtime_checkable
@@ -84,6 +88,25 @@ class SortedVector:
         vec = cls()
         for timestamp, id_ in items:
             vec.insert(timestamp, id_)
+        vec.seal()
+        return vec
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[tuple[int, bytes]]) -> SortedVector:
+        """A sealed vector of many ``(timestamp, 32-byte id)`` rows, converted to arrays in bulk.
+
+        ``rows`` may be a list or a query's cursor of (created_at, id): it is
+        read `_ROWS_PER_CHUNK` rows at a time, so a cursor's rows are never
+        all held as Python tuples.  This is how the items of a filter that
+        no index serves become storage (NIP-77 responder and initiator).
+        Raises NegentropyError as `insert_many` and `seal` do.
+        """
+        vec = cls()
+        rows = iter(rows)
+        while chunk := list(islice(rows, _ROWS_PER_CHUNK)):
+            timestamps = np.fromiter((t for t, _ in chunk), dtype=np.uint64, count=len(chunk))
+            ids = np.frombuffer(b"".join(i for _, i in chunk), dtype=np.uint8).reshape(len(chunk), ID_SIZE)
+            vec.insert_many(timestamps, ids)
         vec.seal()
         return vec
 

@@ -52,7 +52,6 @@ from relay.protocol.negentropy import (
 from relay.store.negentropy.tree import SUM_COLUMNS, Key
 from relay.store.queries import compile_filter
 
-_INDEXED_ITEMS_FETCH = 65_536  # rows per fetchmany when a SortedVector is built from a query
 _MOD256 = (1 << 256) - 1
 
 
@@ -400,15 +399,9 @@ def query_vector(conn: sqlite3.Connection, f: Filter, limit: int, now: int,
     The newest first when cut: the events a REQ for `f` with that limit
     returns (NIP-01 order).  `now` is unix seconds, for NIP-40 expiry;
     `private` leaves out the private kinds' events the reader may not see.
-    Reads only (created_at, id), `_INDEXED_ITEMS_FETCH` rows at a time.
+    Reads only (created_at, id), a chunk of rows at a time (`SortedVector.from_rows`).
     """
-    vector = SortedVector()
-    if not f.is_empty() and limit > 0:
-        compiled = compile_filter(f, limit, now, private)
-        cursor = conn.execute(f"SELECT created_at, id FROM ({compiled.sql})", compiled.params)
-        while rows := cursor.fetchmany(_INDEXED_ITEMS_FETCH):
-            timestamps = np.fromiter((r[0] for r in rows), dtype=np.uint64, count=len(rows))
-            ids = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.uint8).reshape(-1, 32)
-            vector.insert_many(timestamps, ids)
-    vector.seal()
-    return vector
+    if f.is_empty() or limit <= 0:
+        return SortedVector.from_rows(())
+    compiled = compile_filter(f, limit, now, private)
+    return SortedVector.from_rows(conn.execute(f"SELECT created_at, id FROM ({compiled.sql})", compiled.params))
