@@ -72,7 +72,7 @@ import stores  # noqa: E402
 from relay.store import db as store_db  # noqa: E402
 from relay.config import Config  # noqa: E402
 from relay.hooks import negentropy_hook  # noqa: E402
-from relay.store.negentropy_index import indexed_items  # noqa: E402
+from relay.store.negentropy import indexed_items  # noqa: E402
 
 NEG = common.RESULTS / "neg"
 JS = common.BENCH / "js"

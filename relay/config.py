@@ -299,7 +299,7 @@ class SyncConfig:
                                         parse=_parse_peers)
 
 
-# --- [negentropy] (NIP-77, relay side: relay/server/negentropy.py, relay/store/negentropy_index.py) ---------
+# --- [negentropy] (NIP-77, relay side: relay/server/negentropy.py, relay/store/negentropy/) --------------
 
 NEG_ENVELOPE_BYTES = 512
 """Room for `["NEG-MSG","<subscription id, JSON-escaped>",""]` around a hex frame, in bytes."""

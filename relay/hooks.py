@@ -30,7 +30,7 @@ def hooks(config: Config) -> list[TransactionHook]:
 def negentropy_hook(config: Config) -> TransactionHook:
     """The NIP-77 index of the full set and of `[negentropy] filters`; with `enabled = false`, its removal."""
     from relay.protocol.filters import parse_filter
-    from relay.store.negentropy_index import DropNegentropyIndex, NegentropyIndex
+    from relay.store.negentropy import DropNegentropyIndex, NegentropyIndex
 
     if not config.negentropy.enabled:
         return DropNegentropyIndex()

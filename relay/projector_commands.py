@@ -18,8 +18,7 @@ import orjson
 from relay.config import Config
 from relay.hooks import negentropy_hook
 from relay.store import db
-from relay.store.negentropy_index import NegentropyIndex
-from relay.store.negentropy_verify import IndexCheck, verify_index
+from relay.store.negentropy import IndexCheck, NegentropyIndex, verify_index
 from relay.store.projectors.causal import CausalSpec
 from relay.store.projectors.engine import force_rebuild, pending_reason
 from relay.store.projectors.tables import ensure_store_tables, quote, read_meta, table_exists

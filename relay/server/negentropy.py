@@ -7,7 +7,7 @@ namespace apart from REQ ids, and opening an id that is open replaces its
 session.  The relay is always the responder.  A session's items come from
 one of two places:
 
-* the persisted index (relay/store/negentropy_index.py) when the filter, once
+* the persisted index (relay/store/negentropy/) when the filter, once
   since/until/limit are set aside, equals an indexed filter (`{}` is the full
   set).  The session holds no items: each message is answered inside a fresh
   read transaction (`Store.read_snapshot`), from the window since/until and
@@ -52,7 +52,7 @@ from relay.protocol.envelopes import (
 from relay.protocol.filters import Filter
 from relay.protocol.negentropy import Negentropy, NegentropyError, SortedVector
 from relay.server.access import ConnectionAccess
-from relay.store.negentropy_index import GroupCache, NegentropyIndex, query_vector, reconcile_from_index
+from relay.store.negentropy import GroupCache, NegentropyIndex, query_vector, reconcile_from_index
 from relay.store.store import Store
 
 log = structlog.get_logger(__name__)

@@ -37,7 +37,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import numpy as np
 import structlog
 
 from relay.protocol.event import Event, EventLimits, is_ephemeral, parse_event, verify_signature
@@ -234,17 +233,6 @@ def _verify_all(events: list[Event]) -> list[bool]:
     return [verify_signature(e) for e in events]
 
 
-def local_vector(items: list[tuple[int, bytes]]) -> SortedVector:
-    """A sealed `SortedVector` of (created_at, 32-byte id) items."""
-    vector = SortedVector()
-    if items:
-        timestamps = np.fromiter((t for t, _ in items), dtype=np.uint64, count=len(items))
-        ids = np.frombuffer(b"".join(i for _, i in items), dtype=np.uint8).reshape(len(items), 32)
-        vector.insert_many(timestamps, ids)
-    vector.seal()
-    return vector
-
-
 async def sync_with_peer(conn: PeerConnection, store: Store, filter_obj: dict, options: SyncOptions,
                          intake: Intake, report: SyncReport | None = None,
                          progress: Callable[[SyncReport], None] | None = None) -> SyncReport:
@@ -263,7 +251,7 @@ async def sync_with_peer(conn: PeerConnection, store: Store, filter_obj: dict, o
     down, up = options.direction in ("down", "both"), options.direction in ("up", "both")
     items = await store.items(parse_filter(filter_obj))
     report.local_items = len(items)
-    neg = Negentropy(local_vector(items), options.frame_size_limit)
+    neg = Negentropy(SortedVector.from_rows(items), options.frame_size_limit)
     del items
     seen_have: set[bytes] = set()
     seen_need: set[bytes] = set()
@@ -445,5 +433,5 @@ async def _push(conn: PeerConnection, store: Store, ids: list[bytes], options: S
             task.cancel()
 
 
-__all__ = ["DIRECTIONS", "Intake", "PeerError", "SyncOptions", "SyncReport", "classify", "local_vector",
+__all__ = ["DIRECTIONS", "Intake", "PeerError", "SyncOptions", "SyncReport", "classify",
            "sync_with_peer"]

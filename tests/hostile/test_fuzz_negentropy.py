@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from relay.protocol.negentropy import Negentropy, NegentropyError, SortedVector
-from relay.store.negentropy_index import IndexReader, IndexView, window_segments
+from relay.store.negentropy import IndexReader, IndexView, window_segments
 from tests.hostile.fuzzing import examples
 from tests.store.test_negentropy_index import open_index, write
 

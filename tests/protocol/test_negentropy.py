@@ -262,6 +262,19 @@ def test_sorted_vector_bulk_insert_matches_single_inserts() -> None:
     assert bulk.fingerprint(17, 420) == single.fingerprint(17, 420)
 
 
+def test_sorted_vector_from_rows_matches_single_inserts() -> None:
+    """Rows given as a list or as a one-pass iterator over several chunks build the same vector."""
+    rnd = random.Random(4)
+    items = random_items(rnd, 70_000, 0, 1_000)
+    single = SortedVector.from_items(items)
+    for rows in (items, iter(items)):
+        vec = SortedVector.from_rows(rows)
+        assert vec.size() == single.size()
+        assert vec.id_bytes(0, vec.size()) == single.id_bytes(0, single.size())
+        assert vec.fingerprint(0, vec.size()) == single.fingerprint(0, single.size())
+    assert SortedVector.from_rows([]).size() == 0
+
+
 def test_sorted_vector_rejects_duplicates_and_bad_items() -> None:
     id_ = bytes(range(32))
     with pytest.raises(NegentropyError, match="duplicate"):

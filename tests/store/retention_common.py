@@ -12,7 +12,7 @@ import orjson
 
 from relay.config import Config
 from relay.server.app import Relay
-from relay.store.negentropy_index import check_nodes, indexed_items, recompute
+from relay.store.negentropy import check_nodes, indexed_items, recompute
 from tests.conftest import make_config
 from tests.helpers import Client
 from tests.store.projectors.common import problems

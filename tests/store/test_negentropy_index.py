@@ -1,4 +1,4 @@
-"""The NIP-77 negentropy index (relay/store/negentropy_index.py): cost, agreement, consistency.
+"""The NIP-77 negentropy index (relay/store/negentropy/): cost, agreement, consistency.
 
 * Cost, measured by counting the rows every statement returns through a
   wrapped sqlite3 connection: a full-range fingerprint over 100,000 items
@@ -29,7 +29,7 @@ from relay.protocol.event import EventLimits, parse_event
 from relay.protocol.filters import Filter, parse_filter
 from relay.protocol.negentropy import INFINITY, Bound, Negentropy, SortedVector, fingerprint
 from relay.store import db
-from relay.store.negentropy_index import (
+from relay.store.negentropy import (
     DropNegentropyIndex,
     GroupCache,
     IndexReader,

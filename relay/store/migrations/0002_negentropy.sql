@@ -1,4 +1,4 @@
--- NIP-77 negentropy index (relay/store/negentropy_index.py): the (created_at, id) of every event, and of the
+-- NIP-77 negentropy index (relay/store/negentropy/): the (created_at, id) of every event, and of the
 -- events of each filter listed under [negentropy] filters, with per-node sums so that a range fingerprint
 -- reads a few summary rows instead of every item.  Which filters are indexed is decided at start-up by the
 -- hook's setup (rows of filters no longer configured are deleted, new ones are built from `events`).

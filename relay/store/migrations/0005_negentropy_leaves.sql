@@ -1,4 +1,4 @@
--- NIP-77 negentropy index, layout 2 (relay/store/negentropy_index.py): a bucket's items are packed into its own
+-- NIP-77 negentropy index, layout 2 (relay/store/negentropy/): a bucket's items are packed into its own
 -- row instead of one `neg_items` row per item, so a reader decodes a bucket from one row, and each group carries
 -- a stamp that changes with any change below it, so readers can keep decoded groups between messages.
 -- The index is rebuilt from `events` at the next start (its layout version in `meta` changes).
