@@ -12,6 +12,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from contextlib import asynccontextmanager, closing
+from pathlib import Path
 
 import structlog
 
@@ -22,6 +23,7 @@ from tests.conftest import make_config
 from tests.helpers import eventually
 from tests.served import free_port
 from tests.sync.conftest import publish, remote_ids
+from tests.sync.mesh import table_dumps
 
 NOW = int(time.time())
 TIMEOUT = 15.0
@@ -58,6 +60,12 @@ async def _agree(a: Relay, b: Relay, wanted: set[str]) -> bool:
     return await remote_ids(a.url) == wanted and await remote_ids(b.url) == wanted
 
 
+def _same_tables(a: Relay, b: Relay) -> bool:
+    """Both nodes hold the same stored events and `articles` rows (none: the only article version is deleted)."""
+    dumps = [table_dumps(Path(n.config.store.path), ["articles"]) for n in (a, b)]
+    return dumps[0] == dumps[1] and dumps[0]["articles"] == []
+
+
 async def test_deletion_first_on_one_node_and_an_older_version_on_the_other(tmp_path, alice):
     """D then v2 to B (v2 refused, its mark kept), v1 to A: both end serving D alone, v1 refused on both."""
     v1, v2, deletion = _versions(alice)
@@ -67,6 +75,7 @@ async def test_deletion_first_on_one_node_and_an_older_version_on_the_other(tmp_
             assert [r[2:] for r in replies] == [[True, ""], [False, "blocked: this event was deleted"]]
             assert (await publish(a.url, [v1]))[0][2:] == [True, ""]
             assert await eventually(lambda: _agree(a, b, {deletion["id"]}), TIMEOUT)
+        assert _same_tables(a, b)
         for node in (a, b):
             reply = (await publish(node.url, [v1]))[0]
             assert reply[2:] == [False, "duplicate: have a newer version"]
@@ -86,6 +95,7 @@ async def test_a_node_that_was_away_drops_the_older_version_it_held(tmp_path, al
         nodes[1] = b = _node(tmp_path, "b", b.config.server.port, a.config.server.port)
         await b.start()
         assert await eventually(lambda: _agree(a, b, {deletion["id"]}), TIMEOUT)
+        assert _same_tables(a, b)
 
 
 async def test_a_refusal_that_lasts_is_counted_and_logged_once(tmp_path, alice):
