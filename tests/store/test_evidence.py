@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import asynccontextmanager
 
 import pytest
 
@@ -53,19 +54,26 @@ async def test_a_deleted_newest_version_is_kept_as_evidence(tmp_path, alice, kin
         await store.close()
 
 
-async def test_a_newer_version_replaces_the_evidence(tmp_path, alice):
-    """Once a newer version is live, the mark names it and no deleted version is offered as evidence."""
+@asynccontextmanager
+async def _deleted_profile(tmp_path, alice):
+    """A store holding alice's kind-0 v2 deleted by `e` (its evidence kept); yields (store, v2); closed after."""
     v2 = alice.sign(0, "v2", [], NOW - 10)
     store = await Store.open(tmp_path / "e.db", OPTIONS)
     try:
         for event in (v2, alice.sign(5, "", [["e", v2["id"]]], NOW - 5)):
             assert (await store.submit(parsed(event)))[0]
         assert len(await store.read_snapshot(evidence.select, [_coordinate(v2)])) == 1
+        yield store, v2
+    finally:
+        await store.close()
+
+
+async def test_a_newer_version_replaces_the_evidence(tmp_path, alice):
+    """Once a newer version is live, the mark names it and no deleted version is offered as evidence."""
+    async with _deleted_profile(tmp_path, alice) as (store, v2):
         v3 = alice.sign(0, "v3", [], NOW - 1)
         assert await store.submit(parsed(v3)) == (True, "")
         assert await store.read_snapshot(evidence.select, [_coordinate(v2)]) == []
-    finally:
-        await store.close()
 
 
 async def test_an_expired_version_leaves_no_mark(tmp_path, alice):
@@ -86,18 +94,10 @@ async def test_an_expired_version_leaves_no_mark(tmp_path, alice):
         await store.close()
 
 
-
 async def test_a_request_to_vanish_drops_the_kept_versions(tmp_path, alice):
     """NIP-62: once the author asks to vanish, the deleted version kept as evidence is dropped with the rest."""
-    v2 = alice.sign(0, "v2", [], NOW - 10)
-    store = await Store.open(tmp_path / "e.db", OPTIONS)
-    try:
-        for event in (v2, alice.sign(5, "", [["e", v2["id"]]], NOW - 5)):
-            assert (await store.submit(parsed(event)))[0]
-        assert len(await store.read_snapshot(evidence.select, [_coordinate(v2)])) == 1
+    async with _deleted_profile(tmp_path, alice) as (store, _):
         assert (await store.submit(parsed(alice.sign(62, "", [["relay", "ALL_RELAYS"]], NOW - 1))))[0]
         kept = await store.read_snapshot(lambda conn: conn.execute(
             "SELECT count(*) FROM coordinates WHERE deleted_raw IS NOT NULL").fetchone()[0])
         assert kept == 0
-    finally:
-        await store.close()
