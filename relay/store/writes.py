@@ -244,8 +244,9 @@ def purge_expired(conn: sqlite3.Connection, now: int, max_rows: int,
                   hooks: Sequence[TransactionHook] = ()) -> Changes:
     """NIP-40: remove up to `max_rows` events whose expiration <= `now` (unix seconds), in one transaction.
 
-    Expired high-water marks go too: an expired version leaves no mark, so a
-    node that never saw it and one that purged it take the same older version.
+    Expired high-water marks go too: an expired version leaves no mark (nor
+    the one it replaced: a coordinate keeps one), so a node that never saw it
+    and one that purged it take the same older version.
     """
     with transaction(conn) as cur:
         cur.execute("DELETE FROM coordinates WHERE expiration <= ?", (now,))

@@ -29,11 +29,11 @@ checks them (`MeshReport.failures`) against `model_failures`:
   candidate, and it is the newest candidate whenever that one is newer than
   every version that is not a candidate;
 - a version `e`-deleted by its author (accepted, or refused because its
-  deletion came first) that never expires leaves its coordinate's high-water
-  mark on every node (DESIGN.md, invariant 5: the mark and its evidence
-  travel), so no older version is served; after an expiring version the
-  older candidate that survives depends on timing (an expired version leaves
-  no mark);
+  deletion came first) leaves its coordinate's high-water mark on every node
+  (DESIGN.md, invariant 5: the mark and its evidence travel), so no older
+  version is served, unless it or a newer version expires: an expired
+  version leaves no mark, nor the one it replaced, and which older candidate
+  survives then depends on timing;
 
 then compares every node's projected tables and stored events, and runs
 `relay verify` on every database.
@@ -342,10 +342,12 @@ def model_failures(served: dict[str, dict], accepted: dict[str, dict], now: floa
     refusals = refusals or {}
     named, until = _deletions(accepted)
     refused_deleted = [e for e, message in refusals.values() if "deleted" in message and e["id"] not in accepted]
-    marks: dict[tuple, list[dict]] = defaultdict(list)  # coordinate -> its e-deleted versions that never expire
-    for e in [*accepted.values(), *refused_deleted]:
+    marks: dict[tuple, list[dict]] = defaultdict(list)  # coordinate -> e-deleted versions no expiry undoes
+    every = [*accepted.values(), *refused_deleted]
+    expiring = [e for e in every if _coordinate(e) is not None and first_tag(e, "expiration") is not None]
+    for e in every:
         if (_coordinate(e) is not None and (e["id"], e["pubkey"]) in named
-                and first_tag(e, "expiration") is None):
+                and not any(_coordinate(x) == _coordinate(e) and not _newer(e, x) for x in expiring)):
             marks[_coordinate(e)].append(e)
 
     def is_candidate(e: dict) -> bool:
