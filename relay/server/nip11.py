@@ -7,6 +7,7 @@ from importlib.metadata import PackageNotFoundError, version
 import orjson
 
 from relay.config import Config
+from relay.protocol.information import SOFTWARE
 
 SUPPORTED_NIPS = [1, 9, 11, 40, 42, 45, 62]
 
@@ -25,7 +26,7 @@ def document(config: Config) -> bytes:
         "name": info.name,
         "description": info.description,
         "supported_nips": sorted(SUPPORTED_NIPS + ([77] if config.negentropy.enabled else [])),  # 77: NEG-*
-        "software": "relay",
+        "software": SOFTWARE,
         "version": _version(),
         "limitation": {
             "max_message_length": limits.max_message_bytes,

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import urllib.error
+import urllib.request
 from collections.abc import Awaitable, Callable
 
 import orjson
@@ -89,6 +91,21 @@ class _Subscription:
         self.last = 0.0  # loop time of the REQ or of its last EVENT
 
 
+_INFORMATION_BYTES = 65_536  # a NIP-11 document read at most
+
+
+def _fetch_information(url: str, timeout_seconds: float) -> dict:
+    """NIP-11: GET the document of the relay at ws(s) `url` from http(s) on the same host and path; {} on any
+    failure (no document, not JSON, not an object, unreachable)."""
+    request = urllib.request.Request("http" + url[2:], headers={"Accept": "application/nostr+json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_seconds) as response:
+            document = orjson.loads(response.read(_INFORMATION_BYTES))
+    except (OSError, ValueError):  # URLError and HTTPError are OSErrors, JSON errors ValueErrors
+        return {}
+    return document if isinstance(document, dict) else {}
+
+
 class PeerConnection:
     """One open WebSocket to a peer relay; see the module comment.  Close with `close()`."""
 
@@ -110,6 +127,16 @@ class PeerConnection:
         self._failed: asyncio.Future = self._loop.create_future()
         self._failed.add_done_callback(lambda f: f.exception())  # retrieved: no "never retrieved" warning
         self._reader = asyncio.create_task(self._read_loop(), name=f"peer-reader {url}")
+        self._information: dict | None = None
+
+    async def information(self) -> dict:
+        """The peer's NIP-11 document (fetched once, over HTTP(S) on the same host and path); {} when it has none.
+
+        Read only when needed (relay/sync/session.py sends a deleted version only to our own software).
+        """
+        if self._information is None:
+            self._information = await asyncio.to_thread(_fetch_information, self.url, self.reply_timeout_seconds)
+        return self._information
 
     @classmethod
     async def open(cls, url: str, key: NodeKey | None, connect_timeout_seconds: float = 10.0,

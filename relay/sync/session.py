@@ -41,6 +41,7 @@ import structlog
 
 from relay.protocol.event import Event, EventLimits, is_ephemeral, parse_event, verify_signature
 from relay.protocol.filters import Filter, parse_filter
+from relay.protocol.information import keeps_deletion_marks
 from relay.protocol.negentropy import Negentropy, SortedVector
 from relay.protocol.rejection import Rejection
 from relay.server import policies
@@ -54,6 +55,7 @@ log = structlog.get_logger(__name__)
 
 DIRECTIONS = ("down", "up", "both")
 STORED, SETTLED, ERROR = "stored", "settled", "error"
+NOT_SENT = "not sent: the peer is not this relay software (NIP-11), which keeps deleted versions' marks"
 MISSING = "missing: the peer did not serve it (expired or deleted there?)"
 GONE_LOCALLY = "gone: no longer stored here (superseded, deleted or expired)"
 EVICTED_HERE = "evicted: removed here by retention, not fetched back"
@@ -367,10 +369,17 @@ class _Fetcher:
 
 async def _send_evidence(conn: PeerConnection, store: Store, older: list[Event], report: SyncReport) -> None:
     """For the versions the peer offered that lose to a deleted newer one here: send the deletion, then, once
-    the peer has it, the deleted version, so the peer's mark rises to it as ours did (relay/store/evidence.py)."""
+    the peer has it, the deleted version, so the peer's mark rises to it as ours did (relay/store/evidence.py).
+
+    Only to a peer whose NIP-11 document names this project's software: another relay might store the deleted
+    version and serve it (rust-nostr's LocalRelay does); there the difference lasts, and is counted as such.
+    """
     coordinates = [coordinate_of(e, bytes.fromhex(e.pubkey)) for e in older]
     pairs = await store.read_snapshot(evidence.select, coordinates) if older else []
     if not pairs:
+        return
+    if not keeps_deletion_marks(await conn.information()):  # it might store the deleted version and serve it
+        report.evidence[NOT_SENT] += len(pairs)
         return
     deletions = {raw[_ID_SLICE].decode(): raw for raw, _ in pairs}
     answers: dict[str, tuple[bool, str]] = {}

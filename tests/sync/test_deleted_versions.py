@@ -22,6 +22,7 @@ from relay.sync.state import read_states
 from tests.conftest import make_config
 from tests.helpers import eventually
 from tests.served import free_port
+from relay.sync.session import NOT_SENT
 from tests.sync.conftest import publish, remote_ids
 from tests.sync.mesh import table_dumps
 
@@ -128,3 +129,24 @@ async def test_a_refusal_that_lasts_is_counted_and_logged_once(tmp_path, alice):
     finally:
         await a.stop()
         await b.stop()
+
+
+async def test_a_relay_of_other_software_is_never_sent_a_deleted_version(tmp_path, local_relay, alice):
+    """rust-nostr's LocalRelay stores an event sent after its deletion: so it keeps v1, is never sent v2 (it would
+    serve it), and the difference is counted as lasting here, where D alone is served."""
+    v1, v2, deletion = _versions(alice)
+    url = await local_relay()
+    assert (await publish(url, [v1]))[0][2] is True
+    (tmp_path / "a").mkdir()
+    node = Relay(make_config(tmp_path / "a", sync={"peers": [{"url": url}], "interval_seconds": 0.5}))
+    await node.start()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            assert [r[2] for r in await publish(node.url, [deletion, v2])] == [True, False]
+            assert await eventually(lambda: any(e["event"] == "sync_lasting_differences" for e in logs), TIMEOUT)
+        assert await remote_ids(url) == {v1["id"], deletion["id"]}
+        assert await remote_ids(node.url) == {deletion["id"]}
+    finally:
+        await node.stop()
+    evidence = [e["evidence"] for e in logs if e["event"] == "sync_reconciled"]
+    assert {NOT_SENT: 1} in evidence and all(e in ({}, {NOT_SENT: 1}) for e in evidence)
