@@ -1,7 +1,7 @@
 """`relay import`: JSONL into the store.
 
 Import validates every line exactly as a client's EVENT (shape, id, BIP-340
-signature, policies, the `[auth]` kind rules; not who may publish: the
+signature, the event rules, the `[auth]` kind rules; not who may publish: the
 operator imports) and writes through the same writer, so the outcome counts
 are those a client would have been told in its OK replies.
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from relay.protocol.envelopes import loads
 from relay.protocol.event import Event, EventLimits, is_ephemeral, parse_event, verify_signature
+from relay.protocol import rules
 from relay.protocol.rejection import Rejection
-from relay.server import policies
 from relay.store.batch import NEWER_VERSION
 from relay.store.store import Store
 
@@ -61,7 +61,7 @@ class ImportReport:
 
 def _parse_line(line: bytes, limits: EventLimits, now: float, check_kind: Callable[[int], None] | None) -> Event:
     event = parse_event(loads(line), limits, now)
-    policies.check_event(event, now)
+    rules.check_event(event, now)
     if check_kind is not None:
         check_kind(event.kind)
     return event

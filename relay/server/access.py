@@ -20,6 +20,7 @@ from relay.protocol.auth import PrivateKinds, check_auth_event
 from relay.protocol.event import Event, EventLimits
 from relay.protocol.filters import Filter
 from relay.protocol.rejection import Rejection
+from relay.protocol.rules import KindRules
 
 
 class AccessPolicy:
@@ -28,8 +29,7 @@ class AccessPolicy:
     def __init__(self, config: AuthConfig, peers: tuple[PeerConfig, ...] = ()) -> None:
         self.config = config
         self.write_pubkeys = frozenset(config.write_pubkeys)
-        self.allow_kinds = frozenset(config.allow_kinds) or None  # None: every kind
-        self.deny_kinds = frozenset(config.deny_kinds)
+        self.kinds = KindRules.of(config.allow_kinds, config.deny_kinds)
         self.private_kinds = frozenset(config.private_kinds)
         self.peer_urls: dict[str, str] = {}
         for peer in peers:
@@ -42,8 +42,7 @@ class AccessPolicy:
         Raises:
             Rejection: "blocked:".
         """
-        if (self.allow_kinds is not None and kind not in self.allow_kinds) or kind in self.deny_kinds:
-            raise Rejection("blocked", f"kind {kind} is not accepted here")
+        self.kinds.check(kind)
 
     def check_write(self, event: Event, pubkeys: set[str]) -> None:
         """Refuse `event` unless `[auth]` lets a connection authenticated as `pubkeys` publish it.

@@ -163,7 +163,7 @@ class Relay:
 
         `origin` is the URL of the peer it came from ("" when published here).
         """
-        if is_ephemeral(event.kind):  # (kind 22242, AUTH's, is refused before: policies.reject_auth_kind)
+        if is_ephemeral(event.kind):  # (kind 22242, AUTH's, is refused before: rules.reject_auth_kind)
             self.metrics.events_ephemeral.inc()
             self._fanout([event])
             done(True, "")

@@ -56,8 +56,8 @@ from relay.protocol.envelopes import (
 )
 from relay.protocol.event import Event, parse_event
 from relay.protocol.filters import Filter
+from relay.protocol import rules
 from relay.protocol.rejection import Rejection
-from relay.server import policies
 from relay.server.access import ConnectionAccess
 from relay.server.budget import ByteBudget
 from relay.server.ratelimit import EVENTS, NEG_OPENS, REFUSALS, REQS
@@ -338,7 +338,7 @@ class Connection:
         try:
             now = time.time()
             event = parse_event(obj, self.relay.event_limits, now)
-            policies.check_event(event, now)
+            rules.check_event(event, now)
             if self.access.checks_writes:
                 self.access.check_write(event)
         except Rejection as rejection:

@@ -42,8 +42,8 @@ import structlog
 from relay.protocol.event import Event, EventLimits, is_ephemeral, parse_event, verify_signature
 from relay.protocol.filters import Filter, parse_filter
 from relay.protocol.negentropy import Negentropy, SortedVector
+from relay.protocol import rules
 from relay.protocol.rejection import Rejection
-from relay.server import policies
 from relay.store import evidence
 from relay.store.batch import NEWER_VERSION, coordinate_of
 from relay.store.retention import evicted_among
@@ -151,8 +151,8 @@ def classify(accepted: bool, message: str) -> tuple[str, str]:
 class Intake:
     """Validates events from one peer exactly like a client's EVENT and stores them with origin = its URL.
 
-    Shape, limits and id (`parse_event`), policies such as NIP-40 expiry
-    (`policies.check_event`), then the BIP-340 signature on `pool`'s threads.
+    Shape, limits and id (`parse_event`), event rules such as NIP-40 expiry
+    (`rules.check_event`), then the BIP-340 signature on `pool`'s threads.
     """
 
     def __init__(self, store: Store, limits: EventLimits, origin: str, pool: ThreadPoolExecutor,
@@ -181,7 +181,7 @@ class Intake:
                 if refusal is not None:
                     outcomes[i] = (ERROR, refusal)
                     continue
-                policies.check_event(event, now)
+                rules.check_event(event, now)
                 parsed.append((i, event))
             except Rejection as rejection:
                 outcomes[i] = classify(False, str(rejection))
