@@ -9,10 +9,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from relay.config import Config
+from relay.ingest import Ingest
 from relay.protocol.envelopes import loads
 from relay.protocol.filters import parse_filter
 from relay.protocol.rejection import Rejection
-from relay.server.access import AccessPolicy
 from relay.store.store import Store
 from relay.transfer import import_lines
 
@@ -29,15 +29,16 @@ async def run_import(config: Config, path: Path) -> int:
     from relay.hooks import hooks  # transaction hooks (projectors, ...): every writer must run them
 
     store = await Store.open(config.store.path, config.store.options(1, config.server.public_url), hooks(config))
+    ingest = Ingest.from_config(config, store)
     try:
         with source:
             total = None if source is sys.stdin.buffer else sum(1 for _ in path.open("rb"))
             with Progress(TextColumn("importing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                           console=console, disable=not console.is_terminal) as bar:
                 task = bar.add_task("import", total=total)
-                report = await import_lines(store, source, config.limits.event_limits(), config.store.verify_threads,
-                                            lambda n: bar.advance(task, n), AccessPolicy(config.auth).check_kind)
+                report = await import_lines(ingest, source, lambda n: bar.advance(task, n))
     finally:
+        ingest.close()
         await store.close()
     print(f"read {report.total}: stored {report.stored}, duplicate {report.duplicate}, "
           f"older version (not stored) {report.older_version}, ephemeral (not stored) {report.ephemeral}, "

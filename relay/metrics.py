@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from relay.ingest import Outcome
 from relay.protocol.rejection import PREFIXES
 from relay.store.checkpoint import file_bytes, wal_bytes
 from relay.store.projectors.engine import ProjectorHook
@@ -60,11 +61,10 @@ class Metrics:
         self._scrape = _ScrapeCollector(relay)
         r.register(self._scrape)
 
-    def event_answered(self, accepted: bool, message: str) -> None:
+    def event_answered(self, outcome: Outcome) -> None:
         """Count an EVENT's OK reply: refusals (OK false) and duplicates (OK true "duplicate: ...") by prefix."""
-        if not accepted or message:
-            prefix = message.partition(":")[0]
-            self._refused.get(prefix, self._refused["error"]).inc()
+        if not outcome.accepted or outcome.prefix:
+            self._refused.get(outcome.prefix, self._refused["error"]).inc()
 
     def writer_batch(self, events: int, seconds: float) -> None:
         """One write transaction of `events` events took `seconds` (`Store.on_batch`)."""

@@ -62,6 +62,19 @@ async def store_events(store, events: list[dict]) -> None:
     assert all(accepted for accepted, _ in outcomes), outcomes
 
 
+async def import_into(store, lines: list[bytes]):
+    """`import_lines` of JSONL `lines` into `store` through an ingest of its own (default limits, every
+    kind); returns the `ImportReport`."""
+    from relay.ingest import Ingest
+    from relay.transfer import import_lines
+
+    ingest = Ingest(store)
+    try:
+        return await import_lines(ingest, lines)
+    finally:
+        ingest.close()
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """Every non-blank line of a JSONL file, decoded."""
     # split on "\n" only: str.splitlines() would also split inside U+2028 in content

@@ -7,8 +7,9 @@ the pubkey of a configured peer makes the connection that peer: its events
 are stored with the peer's URL as origin (so peer sync never pushes them back
 to it), and no write rule nor private kind applies to it (it must be able to
 sync them).  Refusals follow NIP-42: "auth-required:" while the connection has
-not authenticated, "restricted:" once it has but is still not allowed;
-kinds refused to everyone get "blocked:".
+not authenticated, "restricted:" once it has but is still not allowed.
+The kinds refused to everyone (`allow_kinds`, `deny_kinds`) are a rule of
+ingest (relay/protocol/rules.py `KindRules`, applied as `relay.ingest.Source` says).
 """
 
 from __future__ import annotations
@@ -28,31 +29,18 @@ class AccessPolicy:
     def __init__(self, config: AuthConfig, peers: tuple[PeerConfig, ...] = ()) -> None:
         self.config = config
         self.write_pubkeys = frozenset(config.write_pubkeys)
-        self.allow_kinds = frozenset(config.allow_kinds) or None  # None: every kind
-        self.deny_kinds = frozenset(config.deny_kinds)
         self.private_kinds = frozenset(config.private_kinds)
         self.peer_urls: dict[str, str] = {}
         for peer in peers:
             if peer.pubkey:
                 self.peer_urls.setdefault(peer.pubkey, peer.url)  # one node at two URLs: the first is its origin
 
-    def check_kind(self, kind: int) -> None:
-        """Refuse a kind that `[auth] allow_kinds` / `deny_kinds` keep out, whoever sends it.
-
-        Raises:
-            Rejection: "blocked:".
-        """
-        if (self.allow_kinds is not None and kind not in self.allow_kinds) or kind in self.deny_kinds:
-            raise Rejection("blocked", f"kind {kind} is not accepted here")
-
     def check_write(self, event: Event, pubkeys: set[str]) -> None:
         """Refuse `event` unless `[auth]` lets a connection authenticated as `pubkeys` publish it.
 
         Raises:
-            Rejection: "blocked:" for a kind not accepted, "auth-required:" when
-            authenticating could help, "restricted:" when it did not.
+            Rejection: "auth-required:" when authenticating could help, "restricted:" when it did not.
         """
-        self.check_kind(event.kind)
         write = self.config.write
         if write == "all" or (write == "listed" and event.pubkey in self.write_pubkeys):
             return
@@ -83,7 +71,7 @@ class ConnectionAccess:
     @property
     def checks_writes(self) -> bool:
         """Whether this connection's EVENTs go through `check_write`: not for a peer (its node key)."""
-        return self.policy.config.restricts_writes and not self.origin
+        return self.policy.config.write != "all" and not self.origin
 
     def authenticate(self, obj: object, limits: EventLimits, now: float) -> str:
         """Check a client's AUTH event (NIP-42) and add its pubkey to this connection's; returns the pubkey.

@@ -1,9 +1,9 @@
 """The relay process: WebSocket server, NIP-11 and /health on the same port, background tasks.
 
-`Relay` holds what every connection shares (config, store, signature
-verifier, live subscription index).  `run_relay` serves until cancelled or
-signalled; `Relay.start`/`stop` let tests run a real server in-process on an
-ephemeral port.
+`Relay` holds what every connection shares (config, store, the ingest path
+with its signature pool, live subscription index).  `run_relay` serves
+until cancelled or signalled; `Relay.start`/`stop` let tests run a real
+server in-process on an ephemeral port.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from relay.config import Config
+from relay.ingest import Ingest
 from relay.metrics import CONTENT_TYPE, Metrics
-from relay.protocol.event import Event, is_ephemeral
+from relay.protocol.event import Event
 from relay.server import nip11
 from relay.server.access import AccessPolicy
 from relay.server.budget import ByteBudget
@@ -34,7 +35,6 @@ from relay.server.connection import Connection, reset
 from relay.server.negentropy import NegentropyService
 from relay.server.ratelimit import TOO_MANY_CONNECTIONS, RateLimits
 from relay.server.subscriptions import SubscriptionIndex
-from relay.server.verifier import Verifier
 from relay.store.store import Store
 from relay.store.writes import Changes
 
@@ -56,9 +56,9 @@ class Relay:
         self.config = config
         self.event_limits = config.limits.event_limits()
         self.subscriptions = SubscriptionIndex()
-        self.verifier = Verifier(config.store.verify_threads)
         self.access = AccessPolicy(config.auth, config.sync.peers)  # NIP-42 and write rules (server/access.py)
         self.store: Store | None = None
+        self.ingest: Ingest | None = None  # every event's way in (relay/ingest/), from start()
         self.server: Server | None = None
         self.slow_readers = 0
         self.keepalive_timeouts = 0
@@ -81,6 +81,7 @@ class Relay:
         self.store = await Store.open(s.path, s.options(relay_url=self.config.server.public_url), hooks(self.config))
         self.store.add_listener(self._on_commit)
         self.store.on_batch = self.metrics.writer_batch
+        self.ingest = Ingest.from_config(self.config, self.store, self._ephemeral)
         self.negentropy = NegentropyService(self.config.negentropy, self.store, self.internal_error)
         try:
             self.server = await serve(
@@ -93,7 +94,7 @@ class Relay:
         except OSError:
             # e.g. the port is taken: release the store's threads, or the process cannot exit.
             await self.store.close()
-            self.verifier.close()
+            self.ingest.close()
             raise
         self._background = [asyncio.create_task(self._purge_expired_forever(), name="expiry-purge")]
         if (trim := _libc("malloc_trim")) is not None and self.config.server.memory_trim_seconds > 0:
@@ -106,7 +107,7 @@ class Relay:
         log.info("relay_started", url=self.url, db=str(s.path))
         from relay.sync.scheduler import start_sync  # peer sync: node key, [[sync.peers]] (relay/sync/)
 
-        self.sync = await start_sync(self.config, self.store)
+        self.sync = await start_sync(self.config, self.store, self.ingest)
 
     @property
     def port(self) -> int:
@@ -147,7 +148,8 @@ class Relay:
             await self._within(loop.time() + _RESET_SECONDS, self.server.wait_closed(), "reset", _RESET_SECONDS)
         if self.store is not None:
             await self.store.close()
-        self.verifier.close()
+        if self.ingest is not None:
+            self.ingest.close()
         log.info("relay_stopped")
 
     async def _within(self, deadline: float, step: Awaitable, name: str, seconds: float) -> None:
@@ -158,17 +160,10 @@ class Relay:
         except TimeoutError:
             log.warning("shutdown_timeout", step=name, waited_seconds=seconds, open_connections=len(self.connections))
 
-    def accept(self, event: Event, done: Callable[[bool, str], None], origin: str = "") -> None:
-        """Store a validated event (ephemeral kinds only go live); `done(accepted, message)` gets the OK.
-
-        `origin` is the URL of the peer it came from ("" when published here).
-        """
-        if is_ephemeral(event.kind):  # (kind 22242, AUTH's, is refused before: policies.reject_auth_kind)
-            self.metrics.events_ephemeral.inc()
-            self._fanout([event])
-            done(True, "")
-            return
-        self.store.enqueue(event, origin, done)
+    def _ephemeral(self, event: Event) -> None:
+        """An ephemeral event accepted from a client: fanned out, never stored (NIP-01)."""
+        self.metrics.events_ephemeral.inc()
+        self._fanout([event])
 
     def _on_commit(self, changes: Changes) -> None:
         self.metrics.events_stored.inc(len(changes.inserted))

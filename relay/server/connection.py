@@ -54,10 +54,10 @@ from relay.protocol.envelopes import (
     encode_ok,
     parse_client_message,
 )
-from relay.protocol.event import Event, parse_event
+from relay.ingest import Outcome, Source
+from relay.protocol.event import Event
 from relay.protocol.filters import Filter
 from relay.protocol.rejection import Rejection
-from relay.server import policies
 from relay.server.access import ConnectionAccess
 from relay.server.budget import ByteBudget
 from relay.server.ratelimit import EVENTS, NEG_OPENS, REFUSALS, REQS
@@ -193,6 +193,8 @@ class Connection:
         self.relay = relay
         self.access = ConnectionAccess(relay.access, relay_url)
         self.rate = relay.rate_limits.open(ip)
+        self.source = Source.client(self.access.check_write if self.access.checks_writes else None,
+                                    None if self.rate is None else partial(self.rate.allow, EVENTS))
         self._log_fields = structlog.contextvars.get_contextvars()  # conn_id, remote: bound by Relay._handle
         self.subscriptions: dict[str, LiveSubscription] = {}
         self._limits = relay.config.limits
@@ -327,42 +329,16 @@ class Connection:
             del data  # while the socket is slow, what it has not taken stays in the transport only
 
     def _event(self, obj: object) -> None:
-        # EVENT pipeline without a task per event: parse here, then callbacks
-        # from the signature verifier and the writer; it ends in `_event_done`.
+        # EVENT pipeline without a task per event: the one ingest path (relay/ingest/), ending in `_event_done`.
         self.relay.metrics.events_received.inc()
         ref = obj.get("id") if type(obj) is dict else None
-        done = partial(self._event_done, ref)
-        if self.rate is not None and not self.rate.allow(EVENTS):
-            done(False, REFUSALS[EVENTS])
-            return
-        try:
-            now = time.time()
-            event = parse_event(obj, self.relay.event_limits, now)
-            policies.check_event(event, now)
-            if self.access.checks_writes:
-                self.access.check_write(event)
-        except Rejection as rejection:
-            if rejection.prefix == "auth-required":
-                self._challenge()
-            done(False, str(rejection))
-            return
-        except Exception as exc:
-            done(False, self.relay.internal_error("event_failed", exc, event_id=ref))
-            return
-        self.relay.verifier.verify(event, partial(self._verified, event, done))
+        self.relay.ingest.submit(obj, self.source, partial(self._event_done, ref))
 
-    def _verified(self, event: Event, done, valid: bool) -> None:
-        if not valid:
-            done(False, "invalid: bad signature")
-            return
-        try:
-            self.relay.accept(event, done, self.access.origin)
-        except Exception as exc:
-            done(False, self.relay.internal_error("event_failed", exc, event_id=event.id))
-
-    def _event_done(self, ref: object, accepted: bool, message: str) -> None:
-        self.relay.metrics.event_answered(accepted, message)
-        self._push_ok(_ok(ref, accepted, message))
+    def _event_done(self, ref: object, outcome: Outcome) -> None:
+        if outcome.prefix == "auth-required":
+            self._challenge()
+        self.relay.metrics.event_answered(outcome)
+        self._push_ok(_ok(ref, outcome.accepted, outcome.message))
 
     def _challenge(self) -> None:
         """Queue `["AUTH", <challenge>]` (NIP-42), once per connection."""
@@ -384,6 +360,7 @@ class Connection:
         if self.access.origin:  # a configured peer: sync traffic is not rate limited
             self.relay.rate_limits.close(self.rate)
             self.rate = None
+            self.source = Source.client(peer=self.access.origin)
         log.info("authenticated", pubkey=pubkey, peer=self.access.origin or None)
         await self.send(encode_ok(ref, True, ""))
 

@@ -23,13 +23,14 @@ from collections import OrderedDict
 from token_bucket import Limiter, MemoryStorage
 
 from relay.config import RateLimitConfig
+from relay.ingest.outcome import RATE_LIMITED
 from relay.server.budget import ByteBudget
 
 EVENTS, REQS, NEG_OPENS = 0, 1, 2
 """The limited actions: EVENT and AUTH; REQ and COUNT; NEG-OPEN."""
 TOO_MANY_CONNECTIONS = "rate-limited: too many connections from this address"
 """The close reason (code 1008) of a connection past `ip_connections`."""
-REFUSALS = ("rate-limited: too many events, slow down", "rate-limited: too many REQ and COUNT requests, slow down",
+REFUSALS = (RATE_LIMITED.message, "rate-limited: too many REQ and COUNT requests, slow down",
             "rate-limited: too many negentropy sessions, slow down")
 """The NIP-01 reply of each refused action."""
 MAX_IDLE_IPS = 100_000

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
 from relay.config import Config
+from relay.ingest import Ingest
 from relay.protocol.envelopes import loads
 from relay.protocol.filters import parse_filter
 from relay.protocol.rejection import Rejection
@@ -56,7 +56,7 @@ async def sync_once(config: Config, url: str, filter_obj: dict, options: SyncOpt
     key = node_key(config)
     store = await Store.open(config.store.path, config.store.options(2, config.server.public_url), hooks(config))
     states = await PeerStates.open(config.store.path)
-    pool = ThreadPoolExecutor(config.store.verify_threads, thread_name_prefix="sync-verify")
+    ingest = Ingest.from_config(config, store)
     report = SyncReport() if report is None else report
     try:
         async with states.hold(url, new_owner(), config.sync.lease_seconds):
@@ -67,8 +67,7 @@ async def sync_once(config: Config, url: str, filter_obj: dict, options: SyncOpt
                                                  config.sync.timeout_seconds,
                                                  max_frame_bytes(config, options.frame_size_limit))
                 try:
-                    intake = Intake(store, config.limits.event_limits(), url, pool, config.store.verify_threads)
-                    await sync_with_peer(conn, store, filter_obj, options, intake, report, progress)
+                    await sync_with_peer(conn, store, filter_obj, options, Intake(ingest, url), report, progress)
                 finally:
                     await conn.close()
             except PeerError as exc:
@@ -78,7 +77,7 @@ async def sync_once(config: Config, url: str, filter_obj: dict, options: SyncOpt
                 raise
             await states.add_counts(url, report.fetched, report.pushed, success=True)
     finally:
-        pool.shutdown(wait=False)
+        ingest.close()
         await states.close()
         await store.close()
     return report

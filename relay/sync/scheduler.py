@@ -32,13 +32,14 @@ import random
 import sqlite3
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
 from relay.config import Config, PeerConfig
+from relay.ingest import Ingest
 from relay.protocol.event import Event
 from relay.protocol.filters import Filter, parse_filter
+from relay.protocol.rejection import invalid
 from relay.store.store import Store
 from relay.store.writes import Changes
 from relay.sync.differences import LOGGED_IDS, LastingDifferences
@@ -77,15 +78,18 @@ def node_key(config: Config) -> NodeKey:
 
 
 class Scheduler:
-    """Keeps every `[[sync.peers]]` peer in sync while the relay serves; `start()`, then `stop()`."""
+    """Keeps every `[[sync.peers]]` peer in sync while the relay serves; `start()`, then `stop()`.
 
-    def __init__(self, config: Config, store: Store, key: NodeKey) -> None:
+    Events from peers go through `ingest` (the relay's, with its one signature pool).
+    """
+
+    def __init__(self, config: Config, store: Store, key: NodeKey, ingest: Ingest) -> None:
         self.config = config
         self.store = store
         self.key = key
+        self.ingest = ingest
         self.owner = new_owner()
         self.states: PeerStates | None = None
-        self.pool = ThreadPoolExecutor(max_workers=config.store.verify_threads, thread_name_prefix="sync-verify")
         self.peers: list[PeerSync] = []
         self._tasks: list[asyncio.Task] = []
 
@@ -110,7 +114,6 @@ class Scheduler:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.states is not None:
             await self.states.close()
-        self.pool.shutdown(wait=False)
 
 
 class PeerSync:
@@ -126,8 +129,7 @@ class PeerSync:
         self.up = peer.direction in ("up", "both")
         self.down = peer.direction in ("down", "both")
         self.options = sync_options(scheduler.config, peer.direction)
-        self.intake = Intake(scheduler.store, scheduler.config.limits.event_limits(), self.url, scheduler.pool,
-                             scheduler.config.store.verify_threads)
+        self.intake = Intake(scheduler.ingest, self.url)
         self.events_in = 0  # not yet written to sync_peers
         self.events_out = 0
         self.errors = 0  # failed attempts since start (metrics)
@@ -282,8 +284,9 @@ class PeerSync:
 
     async def _store_live(self) -> None:
         """Validate and store the events of the live REQ, in batches as they come."""
-        def allowed(event: Event) -> str | None:
-            return None if self.filter.matches(event) else "invalid: event outside the sync filter"
+        def in_filter(event: Event) -> None:
+            if not self.filter.matches(event):
+                raise invalid("event outside the sync filter")
 
         while True:
             await self._incoming_ready.wait()
@@ -291,7 +294,7 @@ class PeerSync:
             while self._incoming:
                 batch = self._incoming[:self.config.fetch_batch]
                 del self._incoming[:len(batch)]
-                for outcome, message in await self.intake.accept(batch, allowed):
+                for outcome, message in await self.intake.accept(batch, in_filter):
                     if outcome == STORED:
                         self.events_in += 1
                     elif outcome == ERROR:
@@ -339,8 +342,9 @@ class PeerSync:
                 task.cancel()
 
 
-async def start_sync(config: Config, store: Store) -> Scheduler | None:
-    """At `relay serve` start: make sure the node key exists; start a Scheduler when peers are configured.
+async def start_sync(config: Config, store: Store, ingest: Ingest) -> Scheduler | None:
+    """At `relay serve` start: make sure the node key exists; start a Scheduler when peers are configured,
+    taking their events through `ingest`.
 
     Raises:
         NodeKeyError: the key cannot be created or read while peers are configured.
@@ -354,6 +358,6 @@ async def start_sync(config: Config, store: Store) -> Scheduler | None:
         return None
     if not config.sync.peers:
         return None
-    scheduler = Scheduler(config, store, key)
+    scheduler = Scheduler(config, store, key, ingest)
     await scheduler.start()
     return scheduler

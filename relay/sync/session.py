@@ -8,13 +8,13 @@ as initiator over an open `PeerConnection`.  Each round reports ids only
 we hold (have) and ids only the peer holds (need); with a frame size
 limit the same id can be reported twice, so both are de-duplicated here.
 Needed ids are fetched while reconciliation goes on, in REQs of
-`fetch_batch` ids, at most `fetch_in_flight` at once; each batch is
-validated like a client's EVENTs (`Intake`) and stored with origin = the
-peer's URL.  Once everything is fetched, the events the peer lacks are read
-from the store by id (a superseded or deleted one is no longer there) and
-sent with EVENT, at most `push_in_flight` waiting for their OK.  Fetching
-first means an older version we hold is not pushed when the peer's newer
-one has just replaced it here.
+`fetch_batch` ids, at most `fetch_in_flight` at once; each batch goes
+through ingest as the peer's (`Intake`: relay/ingest/, stored with origin
+= the peer's URL).  Once everything is fetched, the events the peer lacks
+are read from the store by id (a superseded or deleted one is no longer
+there) and sent with EVENT, at most `push_in_flight` waiting for their OK.
+Fetching first means an older version we hold is not pushed when the
+peer's newer one has just replaced it here.
 
 A needed event refused here because we hold a newer version that was
 deleted (DESIGN.md, invariant 5) would stay a difference for ever: last,
@@ -22,9 +22,10 @@ the deletion and the deleted version are sent to the peer
 (relay/store/evidence.py), which then drops its older version too.
 
 Replies that mean "the peer (or we) already settled this" are not errors
-(`classify`): duplicates, a newer version held, a deleted or expired event,
-strfry's `replaced:`, an id the peer no longer serves.  Needed ids that
-retention evicted here are settled without being fetched.
+(`classify` for the peer's OK messages, `classify_outcome` for ours):
+duplicates, a newer version held, a deleted or expired event, strfry's
+`replaced:`, an id the peer no longer serves.  Needed ids that retention
+evicted here are settled without being fetched.
 """
 
 from __future__ import annotations
@@ -32,21 +33,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from functools import partial
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import structlog
 
-from relay.protocol.event import Event, EventLimits, is_ephemeral, parse_event, verify_signature
+from relay.ingest import Ingest, Outcome, Source
+from relay.ingest.outcome import DELETED, DUPLICATE, EPHEMERAL, EVICTED, EXPIRED, NEWER_VERSION, VANISHED
+from relay.protocol.event import Event
 from relay.protocol.filters import Filter, parse_filter
 from relay.protocol.information import keeps_deletion_marks
 from relay.protocol.negentropy import Negentropy, SortedVector
-from relay.protocol.rejection import Rejection
-from relay.server import policies
+from relay.protocol.rejection import invalid
 from relay.store import evidence
-from relay.store.batch import NEWER_VERSION, coordinate_of
+from relay.store.batch import coordinate_of
 from relay.store.retention import evicted_among
 from relay.store.store import Store
 from relay.sync.peer import PeerConnection, PeerError
@@ -59,6 +59,8 @@ NOT_SENT = "not sent: the peer is not this relay software (NIP-11), which keeps 
 MISSING = "missing: the peer did not serve it (expired or deleted there?)"
 GONE_LOCALLY = "gone: no longer stored here (superseded, deleted or expired)"
 EVICTED_HERE = "evicted: removed here by retention, not fetched back"
+SETTLED_HERE = frozenset({DUPLICATE, NEWER_VERSION, DELETED, VANISHED, EVICTED, EXPIRED, EPHEMERAL})
+"""Our own outcomes that settle a fetched event: held here already, or never to be."""
 LASTING_CAP = 10_000  # differences remembered from one run to the next (a catch-up run has more: not compared)
 _ID_SLICE = slice(7, 71)  # the id inside our canonical JSON: {"id":"<64 hex>",...
 
@@ -131,7 +133,7 @@ class SyncReport:
 
 
 def classify(accepted: bool, message: str) -> tuple[str, str]:
-    """(STORED | SETTLED | ERROR, message) for one NIP-01 OK outcome, from either side.
+    """(STORED | SETTLED | ERROR, message) for one NIP-01 OK answer of a peer (ours: `classify_outcome`).
 
     Settled: `OK true` with "duplicate:", `OK false` with "duplicate:" (e.g.
     "duplicate: have a newer version"), "blocked:" for a deleted event, a
@@ -150,89 +152,33 @@ def classify(accepted: bool, message: str) -> tuple[str, str]:
     return ERROR, message or "refused without a reason"
 
 
+def classify_outcome(outcome: Outcome) -> tuple[str, str]:
+    """(STORED | SETTLED | ERROR, message) for ingest's outcome of one event from a peer (`SETTLED_HERE`)."""
+    if outcome in SETTLED_HERE:
+        return SETTLED, outcome.message
+    return (STORED, outcome.message) if outcome.accepted else (ERROR, outcome.message)
+
+
 class Intake:
-    """Validates events from one peer exactly like a client's EVENT and stores them with origin = its URL.
+    """Takes events from one peer through ingest, as that peer's (`Source.peer`: origin = its URL)."""
 
-    Shape, limits and id (`parse_event`), policies such as NIP-40 expiry
-    (`policies.check_event`), then the BIP-340 signature on `pool`'s threads.
-    """
+    def __init__(self, ingest: Ingest, url: str) -> None:
+        self.ingest = ingest
+        self.store = ingest.store
+        self.source = Source.peer(url)
 
-    def __init__(self, store: Store, limits: EventLimits, origin: str, pool: ThreadPoolExecutor,
-                 threads: int = 2) -> None:
-        self.store = store
-        self.limits = limits
-        self.origin = origin
-        self.pool = pool
-        self.threads = max(1, threads)
-
-    async def accept(self, objects: list[object], allowed: Callable[[Event], str | None],
+    async def accept(self, objects: list[object], screen: Callable[[Event], None],
                      older: list[Event] | None = None) -> list[tuple[str, str]]:
-        """Validate and store `objects`; one `classify` outcome each, in order.
+        """Validate and store `objects`; one `classify_outcome` each, in order.
 
-        `allowed(event)` returns None to go on, or an error message for an
-        event the peer should not have sent (not requested, outside the filter).
+        `screen(event)` raises a `Rejection` for an event the peer should not
+        have sent (not requested, outside the filter), an error.
         Events refused because a newer version is held are appended to `older`.
         """
-        now = time.time()
-        outcomes: list[tuple[str, str] | None] = [None] * len(objects)
-        parsed: list[tuple[int, Event]] = []
-        for i, obj in enumerate(objects):
-            try:
-                event = parse_event(obj, self.limits, now)
-                refusal = allowed(event)
-                if refusal is not None:
-                    outcomes[i] = (ERROR, refusal)
-                    continue
-                policies.check_event(event, now)
-                parsed.append((i, event))
-            except Rejection as rejection:
-                outcomes[i] = classify(False, str(rejection))
-        valid = await self._verify(parsed)
-        to_store = []
-        for (i, event), ok in zip(parsed, valid):
-            if not ok:
-                outcomes[i] = (ERROR, "invalid: bad signature")
-            elif is_ephemeral(event.kind):
-                outcomes[i] = (SETTLED, "ephemeral: not stored")
-            else:
-                to_store.append((i, event))
-        await self._store(to_store, outcomes)
+        answers = await self.ingest.accept_many(objects, self.source, screen)
         if older is not None:
-            older += [event for i, event in to_store if outcomes[i] == (SETTLED, NEWER_VERSION[1])]
-        return outcomes  # type: ignore[return-value]
-
-    async def _store(self, to_store: list[tuple[int, Event]], outcomes: list) -> None:
-        # Callbacks, not a task per event: the writer calls back once each event's transaction committed.
-        if not to_store:
-            return
-        all_done = asyncio.get_running_loop().create_future()
-        left = len(to_store)
-
-        def stored(i: int, accepted: bool, message: str) -> None:
-            nonlocal left
-            outcomes[i] = classify(accepted, message)
-            left -= 1
-            if left == 0 and not all_done.done():
-                all_done.set_result(None)
-
-        await self.store.wait_for_room()
-        for i, event in to_store:
-            self.store.enqueue(event, self.origin, partial(stored, i))
-        await all_done
-
-    async def _verify(self, parsed: list[tuple[int, Event]]) -> list[bool]:
-        if not parsed:
-            return []
-        loop = asyncio.get_running_loop()
-        events = [e for _, e in parsed]
-        size = max(1, -(-len(events) // self.threads))
-        parts = [events[i:i + size] for i in range(0, len(events), size)]
-        checks = await asyncio.gather(*(loop.run_in_executor(self.pool, _verify_all, p) for p in parts))
-        return [ok for part in checks for ok in part]
-
-
-def _verify_all(events: list[Event]) -> list[bool]:
-    return [verify_signature(e) for e in events]
+            older += [event for outcome, event in answers if outcome == NEWER_VERSION]
+        return [classify_outcome(outcome) for outcome, _ in answers]
 
 
 async def sync_with_peer(conn: PeerConnection, store: Store, filter_obj: dict, options: SyncOptions,
@@ -324,11 +270,10 @@ class _Fetcher:
             self.report.fetch_done += len(evicted)
         wanted = set(ids)
 
-        def allowed(event: Event) -> str | None:
+        def asked_for(event: Event) -> None:
             if event.id not in wanted:
-                return "invalid: the peer sent an event that was not asked for"
+                raise invalid("the peer sent an event that was not asked for")
             wanted.discard(event.id)  # a second copy is not stored twice
-            return None
 
         remaining = ids
         while remaining:
@@ -336,7 +281,7 @@ class _Fetcher:
                 objects = await self.conn.fetch(remaining)
             before = len(wanted)
             async with self.storing:
-                for outcome, message in await self.intake.accept(objects, allowed, self.older):
+                for outcome, message in await self.intake.accept(objects, asked_for, self.older):
                     self.report.count(outcome, message, up=False)
             self.progress(self.report)
             # A peer whose max limit is below our batch serves part of it: ask again for the rest,
@@ -442,5 +387,5 @@ async def _push(conn: PeerConnection, store: Store, ids: list[bytes], options: S
             task.cancel()
 
 
-__all__ = ["DIRECTIONS", "Intake", "PeerError", "SyncOptions", "SyncReport", "classify",
+__all__ = ["DIRECTIONS", "Intake", "PeerError", "SyncOptions", "SyncReport", "classify", "classify_outcome",
            "sync_with_peer"]

@@ -24,8 +24,7 @@ from relay.protocol.event import EventLimits, parse_event, verify_signature
 from relay.protocol.filters import Filter, parse_filter
 from relay.protocol.rejection import Rejection
 from relay.store.store import Store
-from relay.transfer import import_lines
-from tests.helpers import DATA, REAL_EVENTS, read_jsonl
+from tests.helpers import DATA, REAL_EVENTS, import_into, read_jsonl
 
 NIP01_KEYS = ("id", "pubkey", "created_at", "kind", "tags", "content", "sig")
 CONTROL_CHAR_EVENT = "aa72e0c89dd2a7f2d7e586630069093aba4ce4bfab14343d9c9956a40e5efe10"
@@ -169,7 +168,7 @@ def _import(path: Path, lines: list[bytes]):
     async def run():
         store = await Store.open(path)
         try:
-            return await import_lines(store, lines, EventLimits())
+            return await import_into(store, lines)
         finally:
             await store.close()
     return asyncio.run(run())
@@ -387,7 +386,7 @@ async def test_same_id_with_several_valid_signatures_is_stored_once(tmp_path):
     live, why = nip_live_ids([e for e in events if e not in future], now)
     store = await Store.open(tmp_path / "relay.db")
     try:
-        report = await import_lines(store, lines, EventLimits())
+        report = await import_into(store, lines)
         invalid = {m: n for m, n in report.rejected.items() if m.startswith("invalid:")}
         assert invalid == ({"invalid: created_at is too far in the future": len(future)} if future else {})
         stored = await stored_raw(store)

@@ -10,11 +10,9 @@ import time
 import orjson
 import pytest
 
-from relay.protocol.event import EventLimits
 from relay.store.projectors import BUILTIN_PROJECTORS, ProjectorHook
 from relay.store.store import Store
-from relay.transfer import import_lines
-from tests.helpers import REAL_EVENTS, Keys, read_jsonl
+from tests.helpers import REAL_EVENTS, Keys, import_into, read_jsonl
 from tests.store.projectors.common import OPTIONS, problems, rows
 from tests.store.test_real_data import nip_live_ids
 
@@ -32,7 +30,7 @@ def imported(tmp_path_factory):
     async def load():
         store = await Store.open(db, OPTIONS, [ProjectorHook(BUILTIN_PROJECTORS)])
         try:
-            return await import_lines(store, lines, EventLimits(), 2)
+            return await import_into(store, lines)
         finally:
             await store.close()
 

@@ -1,4 +1,4 @@
-"""BIP-340 signature checks batched onto worker threads.
+"""BIP-340 signature checks batched onto worker threads: the one pool of a process, for every source.
 
 coincurve releases the GIL, so a small thread pool verifies in parallel with
 the event loop.  Requests made during one loop iteration are gathered and

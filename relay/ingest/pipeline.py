@@ -1,0 +1,160 @@
+"""The one path of every event into the relay: parse, event rules, signature, writer queue, outcome.
+
+How this works: `submit(obj, source, done)` checks what needs no waiting,
+cheapest first: the source's rate limit, `parse_event` (shape, limits, id),
+the event rules of relay/protocol/rules.py (expiry, the AUTH kind), then, as
+the `Source` says, the `[auth]` kind rules and who may publish.  The event
+then goes to the one pool of signature-checking threads (`Verifier`); back
+on the loop, a valid event is queued for the writer (`Store.enqueue`) with
+the source's origin, or, when ephemeral, handed to `live` (the fan-out) or
+dropped, as the source says.  `done(outcome)` runs once: at once for a
+refusal, after the COMMIT for a stored event.  A client's EVENT costs
+callbacks only, no task; `accept_many` runs a batch (sync, import) through
+the same steps and awaits its outcomes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import structlog
+
+from relay.config import Config
+from relay.ingest.outcome import (
+    ACCEPTED,
+    BAD_SIGNATURE,
+    EPHEMERAL,
+    INTERNAL,
+    RATE_LIMITED,
+    Outcome,
+    from_store,
+)
+from relay.ingest.source import Source
+from relay.ingest.verifier import Verifier
+from relay.protocol import rules
+from relay.protocol.envelopes import loads
+from relay.protocol.event import Event, EventLimits, is_ephemeral, parse_event
+from relay.protocol.rejection import Rejection
+from relay.store.store import Store
+
+log = structlog.get_logger(__name__)
+
+Done = Callable[[Outcome], None]
+Screen = Callable[[Event], None]
+
+
+class Ingest:
+    """Takes events from every source into `store`; one per process, closed with `close()`.
+
+    `limits` bound each event (NIP-11 `limitation`); `kinds` are the `[auth]`
+    kind rules; `threads` check signatures; `live(event)` fans an ephemeral
+    event out to the live subscriptions (None: there are none).
+    """
+
+    def __init__(self, store: Store, limits: EventLimits | None = None, kinds: rules.KindRules | None = None,
+                 threads: int = 2, live: Callable[[Event], None] | None = None) -> None:
+        self.store = store
+        self.limits = limits or EventLimits()
+        self.kinds = kinds or rules.KindRules()
+        self.verifier = Verifier(threads)
+        self.live = live
+
+    @classmethod
+    def from_config(cls, config: Config, store: Store, live: Callable[[Event], None] | None = None) -> Ingest:
+        """The ingest of `config`: `[limits]` for events, `[auth]` kinds, `store.verify_threads`."""
+        auth = config.auth
+        return cls(store, config.limits.event_limits(), rules.KindRules.of(auth.allow_kinds, auth.deny_kinds),
+                   config.store.verify_threads, live)
+
+    def submit(self, obj: object, source: Source, done: Done, screen: Screen | None = None) -> Event | None:
+        """Take one event from `source`; `done(outcome)` runs on the loop once it is settled.
+
+        `obj` is the event as a decoded JSON object, or its JSON text (bytes).
+        `screen(event)`, right after parsing, raises a `Rejection` for an event
+        the sender should not have sent (sync: not asked for).  Callers that
+        can wait should `await store.wait_for_room()` first (back-pressure).
+        Returns the parsed event, or None when it was refused before its
+        signature check.
+        """
+        if source.rate is not None and not source.rate():
+            done(RATE_LIMITED)
+            return None
+        try:
+            event = self._check(obj, source, screen)
+        except Rejection as rejection:
+            done(Outcome.refused(rejection))
+            return None
+        except Exception as exc:
+            done(_internal(exc, obj.get("id") if type(obj) is dict else None))
+            return None
+        self.verifier.verify(event, partial(self._verified, event, source, done))
+        return event
+
+    async def accept_many(self, objects: Sequence[object], source: Source,
+                          screen: Screen | None = None) -> list[tuple[Outcome, Event | None]]:
+        """Take a batch of events from `source` (see `submit`), once the writer queue has room; returns each
+        one's outcome with its parsed event (None when refused before its signature check), in order."""
+        if not objects:
+            return []
+        outcomes: list[Outcome | None] = [None] * len(objects)
+        left = len(objects)
+        all_done = asyncio.get_running_loop().create_future()
+
+        def done(i: int, outcome: Outcome) -> None:
+            nonlocal left
+            outcomes[i] = outcome
+            left -= 1
+            if left == 0 and not all_done.done():
+                all_done.set_result(None)
+
+        await self.store.wait_for_room()
+        events = [self.submit(obj, source, partial(done, i), screen) for i, obj in enumerate(objects)]
+        await all_done
+        return list(zip(outcomes, events))
+
+    def close(self) -> None:
+        """Stop the signature-checking threads (after the checks they hold)."""
+        self.verifier.close()
+
+    def _check(self, obj: object, source: Source, screen: Screen | None) -> Event:
+        if type(obj) is bytes:
+            obj = loads(obj)
+        now = time.time()
+        event = parse_event(obj, self.limits, now)
+        if screen is not None:
+            screen(event)
+        rules.check_event(event, now)
+        if source.kind_rules:
+            self.kinds.check(event.kind)
+        if source.may_publish is not None:
+            source.may_publish(event)
+        return event
+
+    def _verified(self, event: Event, source: Source, done: Done, valid: bool) -> None:
+        if not valid:
+            done(BAD_SIGNATURE)
+            return
+        try:
+            if not is_ephemeral(event.kind):
+                self.store.enqueue(event, source.origin, partial(_stored, done))
+                return
+            # (kind 22242, AUTH's, is ephemeral but refused before: rules.reject_auth_kind)
+            outcome = ACCEPTED if source.fans_out_ephemeral else EPHEMERAL
+            if outcome is ACCEPTED and self.live is not None:
+                self.live(event)
+        except Exception as exc:
+            outcome = _internal(exc, event.id)
+        done(outcome)
+
+
+def _stored(done: Done, accepted: bool, message: str) -> None:
+    done(from_store(accepted, message))
+
+
+def _internal(exc: Exception, event_id: object) -> Outcome:
+    """Log a bug met while taking an event, with its traceback; the sender is told only "error: internal"."""
+    log.error("event_failed", error=repr(exc), exc_info=exc, event_id=event_id)
+    return INTERNAL

@@ -1,0 +1,62 @@
+"""Rules about one parsed event that need no I/O: expiry, the AUTH kind, the kinds a relay accepts.
+
+Ingest (relay/ingest/) applies them after `parse_event` and before the
+signature check, which costs more than all of them; which apply is the
+event's source's to say (`relay.ingest.Source`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from relay.protocol.auth import AUTH_KIND
+from relay.protocol.event import Event
+from relay.protocol.rejection import Rejection, invalid
+
+EXPIRED = "event has expired"
+"""The reason of the "invalid:" refusal of an event whose NIP-40 expiration has passed."""
+
+
+def reject_expired(event: Event, now: float) -> None:
+    """NIP-40: an event whose expiration has already passed is refused with "invalid:"."""
+    if event.has_expired(now):
+        raise invalid(EXPIRED)
+
+
+def reject_auth_kind(event: Event, now: float) -> None:
+    """NIP-42: a kind-22242 event is sent with AUTH, never stored nor broadcast: refused with "invalid:"
+    (before its signature is checked: that costs more than everything else here)."""
+    if event.kind == AUTH_KIND:
+        raise invalid(f"kind {AUTH_KIND} is sent with AUTH, not EVENT (NIP-42)")
+
+
+CHECKS = (reject_expired, reject_auth_kind)
+
+
+def check_event(event: Event, now: float) -> None:
+    """Run every check of `CHECKS` on `event` (`now` in unix seconds); raises `Rejection` on the first refusal."""
+    for check in CHECKS:
+        check(event, now)
+
+
+@dataclass(frozen=True, slots=True)
+class KindRules:
+    """The kinds a relay accepts (`[auth] allow_kinds` / `deny_kinds`): `allow` None means every kind."""
+
+    allow: frozenset[int] | None = None
+    deny: frozenset[int] = frozenset()
+
+    @classmethod
+    def of(cls, allow: Iterable[int] = (), deny: Iterable[int] = ()) -> KindRules:
+        """The rules of an allow list (empty: every kind) and a deny list."""
+        return cls(frozenset(allow) or None, frozenset(deny))
+
+    def check(self, kind: int) -> None:
+        """Refuse a kind that `allow` leaves out or `deny` names.
+
+        Raises:
+            Rejection: "blocked:".
+        """
+        if (self.allow is not None and kind not in self.allow) or kind in self.deny:
+            raise Rejection("blocked", f"kind {kind} is not accepted here")
