@@ -30,11 +30,13 @@ from relay.protocol.event import Event, is_ephemeral
 from relay.server import nip11
 from relay.server.access import AccessPolicy
 from relay.server.budget import ByteBudget
-from relay.server.connection import Connection, reset
+from relay.server.connection import Connection, ConnectionServices
+from relay.server.handlers.context import Done, Services
 from relay.server.negentropy import NegentropyService
 from relay.server.ratelimit import TOO_MANY_CONNECTIONS, RateLimits
 from relay.server.subscriptions import SubscriptionIndex
 from relay.server.verifier import Verifier
+from relay.server.wire.websocket import reset
 from relay.store.store import Store
 from relay.store.writes import Changes
 
@@ -72,6 +74,7 @@ class Relay:
         self.metrics = Metrics(self)  # served at /metrics (relay/metrics.py)
         self.stored_results = ByteBudget(config.limits.max_stored_results_bytes)  # unsent REQ results, all connections
         self.rate_limits = RateLimits(config.rate_limits, stored_results=self.stored_results)
+        self._connection_services: ConnectionServices | None = None  # from start()
 
     async def start(self) -> None:
         """Open the store and start listening on `config.server` (port 0: any free port)."""
@@ -82,12 +85,13 @@ class Relay:
         self.store.add_listener(self._on_commit)
         self.store.on_batch = self.metrics.writer_batch
         self.negentropy = NegentropyService(self.config.negentropy, self.store, self.internal_error)
+        self._connection_services = self._connection_parts()
         try:
             self.server = await serve(
                 self._handle, self.config.server.host, self.config.server.port,
                 process_request=self._process_request,
                 max_size=self.config.limits.max_message_bytes,
-                max_queue=16, compression=None, ping_interval=None,  # pings: Connection._keepalive
+                max_queue=16, compression=None, ping_interval=None,  # pings: Wire.unresponsive
                 create_connection=self._server_connection,
             )
         except OSError:
@@ -158,7 +162,15 @@ class Relay:
         except TimeoutError:
             log.warning("shutdown_timeout", step=name, waited_seconds=seconds, open_connections=len(self.connections))
 
-    def accept(self, event: Event, done: Callable[[bool, str], None], origin: str = "") -> None:
+    def _connection_parts(self) -> ConnectionServices:
+        """What connections and their handlers are given of this relay (once the store is open)."""
+        handlers = Services(self.config.limits, self.event_limits, self.store, self.verifier, self.accept,
+                            self.subscriptions, self.stored_results, self.rate_limits, self.metrics,
+                            self.internal_error)
+        return ConnectionServices(handlers, self.config.server, self.access, self.negentropy,
+                                  self.slow_reader_dropped, self.keepalive_timed_out)
+
+    def accept(self, event: Event, done: Done, origin: str = "") -> None:
         """Store a validated event (ephemeral kinds only go live); `done(accepted, message)` gets the OK.
 
         `origin` is the URL of the peer it came from ("" when published here).
@@ -179,7 +191,7 @@ class Relay:
         for event in events:
             private = event.kind in private_kinds  # NIP-42: only to their authenticated author or recipient
             for sub in self.subscriptions.match(event):
-                if not private or sub.connection.access.may_read(event):
+                if not private or sub.access.may_read(event):
                     sub.deliver(event)
 
     def slow_reader_dropped(self, **fields) -> None:
@@ -219,7 +231,7 @@ class Relay:
         log.info("connection_opened")
         # NIP-42 relay tag: the configured public URL, else the one this client connected to.
         relay_url = self.config.server.public_url or f"ws://{headers.get('Host', '')}{ws.request.path}"
-        connection = Connection(ws, self, remote, relay_url)
+        connection = Connection(ws, self._connection_services, remote, relay_url)
         self.connections.add(connection)
         try:
             await connection.run()
