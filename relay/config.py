@@ -43,6 +43,7 @@ class ServerConfig:
     ping_interval_seconds: float = 30.0  # a WebSocket ping to each client this often
     ping_timeout_seconds: float = 30.0  # a client neither answering nor reading this long is closed (1011)
     memory_trim_seconds: float = 30.0  # freed heap memory is handed back to the OS this often (glibc); 0: never
+    max_http_body_bytes: int = 65_536  # body of one plain HTTP request on the relay's port; larger: 413
 
 
 @dataclass(frozen=True)

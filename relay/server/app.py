@@ -1,4 +1,4 @@
-"""The relay process: WebSocket server, NIP-11 and /health on the same port, background tasks.
+"""The relay process: WebSocket server, NIP-11, /health and /metrics on the same port, background tasks.
 
 `Relay` holds what every connection shares (config, store, signature
 verifier, live subscription index).  `run_relay` serves until cancelled or
@@ -16,13 +16,11 @@ import signal
 import sys
 import weakref
 from collections.abc import Awaitable, Callable
+from functools import partial
 from http import HTTPStatus
-from urllib.parse import urlsplit
 
 import structlog
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
-from websockets.http11 import Request, Response
 
 from relay.config import Config
 from relay.metrics import CONTENT_TYPE, Metrics
@@ -36,6 +34,8 @@ from relay.server.negentropy import NegentropyService
 from relay.server.ratelimit import TOO_MANY_CONNECTIONS, RateLimits
 from relay.server.subscriptions import SubscriptionIndex
 from relay.server.verifier import Verifier
+from relay.server.wire.handshake import RoutedServerConnection
+from relay.server.wire.http import ANY_PATH, HttpRequest, HttpResponse, Routes
 from relay.server.wire.websocket import reset
 from relay.store.store import Store
 from relay.store.writes import Changes
@@ -46,9 +46,6 @@ _SWITCH_INTERVAL_SECONDS = 0.0005
 _RESET_SECONDS = 1.0  # at shutdown, for reset connections' handlers to return
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 _MMAP_THRESHOLD_BYTES = 1_048_576
-# GET only: websockets answers any other method 405 itself, and a NIP-11 fetch needs no preflight
-_CORS = [("Access-Control-Allow-Origin", "*"), ("Access-Control-Allow-Headers", "*"),
-         ("Access-Control-Allow-Methods", "GET")]
 
 
 class Relay:
@@ -74,6 +71,7 @@ class Relay:
         self.metrics = Metrics(self)  # served at /metrics (relay/metrics.py)
         self.stored_results = ByteBudget(config.limits.max_stored_results_bytes)  # unsent REQ results, all connections
         self.rate_limits = RateLimits(config.rate_limits, stored_results=self.stored_results)
+        self.routes = self._routes()  # HTTP on the WebSocket port (relay/server/wire/http.py)
         self._connection_services: ConnectionServices | None = None  # from start()
 
     async def start(self) -> None:
@@ -89,7 +87,6 @@ class Relay:
         try:
             self.server = await serve(
                 self._handle, self.config.server.host, self.config.server.port,
-                process_request=self._process_request,
                 max_size=self.config.limits.max_message_bytes,
                 max_queue=16, compression=None, ping_interval=None,  # pings: Wire.unresponsive
                 create_connection=self._server_connection,
@@ -170,6 +167,17 @@ class Relay:
         return ConnectionServices(handlers, self.config.server, self.access, self.negentropy,
                                   self.slow_reader_dropped, self.keepalive_timed_out)
 
+    def _routes(self) -> Routes:
+        """The HTTP routes on the relay's port: one line each, the first that matches answers."""
+        routes = Routes()
+        routes.add("GET", "/health", _health)
+        routes.add("GET", "/metrics", self._metrics_page)
+        routes.add("GET", ANY_PATH, partial(_nip11, self.config), accept="application/nostr+json")  # NIP-11
+        return routes
+
+    async def _metrics_page(self, request: HttpRequest) -> HttpResponse:
+        return HttpResponse(HTTPStatus.OK, await self.metrics.render(), CONTENT_TYPE)
+
     def accept(self, event: Event, done: Done, origin: str = "") -> None:
         """Store a validated event (ephemeral kinds only go live); `done(accepted, message)` gets the OK.
 
@@ -212,7 +220,8 @@ class Relay:
 
     def _server_connection(self, *args, **kwargs) -> ServerConnection:
         # websockets lists a connection only once its opening handshake is done; shutdown resets the others too.
-        ws = ServerConnection(*args, **kwargs)
+        ws = RoutedServerConnection(*args, routes=self.routes,
+                                    max_body_bytes=self.config.server.max_http_body_bytes, **kwargs)
         self._sockets.add(ws)
         return ws
 
@@ -239,18 +248,6 @@ class Relay:
             self.connections.discard(connection)
             log.info("connection_closed", code=ws.close_code)
 
-    async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        if len(request.headers.get_all("Host")) > 1:  # RFC 9112: a request with several Host fields is invalid
-            return _response(HTTPStatus.BAD_REQUEST, b"several Host headers\n", "text/plain")
-        path = urlsplit(request.path).path  # "/metrics?x=1" is /metrics
-        if path == "/health":
-            return _response(HTTPStatus.OK, b"ok\n", "text/plain")
-        if path == "/metrics":
-            return _response(HTTPStatus.OK, await self.metrics.render(), CONTENT_TYPE)
-        if "application/nostr+json" in request.headers.get("Accept", ""):
-            return _response(HTTPStatus.OK, nip11.document(self.config), "application/nostr+json")
-        return None
-
     async def _purge_expired_forever(self) -> None:
         interval = self.config.store.expiry_purge_interval_seconds
         while True:
@@ -262,9 +259,12 @@ class Relay:
                 self.internal_error("expiry_purge_failed", exc)
 
 
-def _response(status: HTTPStatus, body: bytes, content_type: str) -> Response:
-    headers = Headers([("Content-Type", content_type), ("Content-Length", str(len(body))), *_CORS])
-    return Response(status.value, status.phrase, headers, body)
+async def _health(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(HTTPStatus.OK, b"ok\n", "text/plain")
+
+
+async def _nip11(config: Config, request: HttpRequest) -> HttpResponse:
+    return HttpResponse(HTTPStatus.OK, nip11.document(config), "application/nostr+json")
 
 
 def _unmap_large_blocks_when_freed() -> None:
