@@ -162,9 +162,8 @@ class Relay:
     def _connection_parts(self) -> ConnectionServices:
         """What connections and their handlers are given of this relay (once the store is open)."""
         handlers = Services(self.config.limits, self.event_limits, self.store, self.verifier, self.accept,
-                            self.subscriptions, self.stored_results, self.rate_limits, self.metrics,
-                            self.internal_error)
-        return ConnectionServices(handlers, self.config.server, self.access, self.negentropy,
+                            self.stored_results, self.rate_limits, self.metrics, self.internal_error)
+        return ConnectionServices(handlers, self.subscriptions, self.config.server, self.access, self.negentropy,
                                   self.slow_reader_dropped, self.keepalive_timed_out)
 
     def _routes(self) -> Routes:

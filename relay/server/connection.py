@@ -34,7 +34,7 @@ from relay.server.handlers import HANDLERS
 from relay.server.handlers.context import Context, Services
 from relay.server.negentropy import NegentropyService
 from relay.server.outbox import Outbox
-from relay.server.subscriptions import Subscriptions
+from relay.server.subscriptions import SubscriptionIndex, Subscriptions
 from relay.server.wire.websocket import Wire
 
 log = structlog.get_logger(__name__)
@@ -48,11 +48,13 @@ _TIME_SLICE_SECONDS = 0.001
 class ConnectionServices:
     """What every connection shares beyond its handlers' `Services` (built once, at start).
 
+    `live` is the relay's index of live subscriptions;
     `slow_reader_dropped(**log_fields)` and `keepalive_timed_out()` count a
     connection closed with 1008 or 1011.
     """
 
     handlers: Services
+    live: SubscriptionIndex
     server: ServerConfig
     access: AccessPolicy
     negentropy: NegentropyService
@@ -84,7 +86,7 @@ class Connection:
         handlers, limits = services.handlers, services.handlers.limits
         self.wire = Wire(ws)
         self.outbox = Outbox(limits.max_live_queue, limits.max_live_queue_bytes, self.drop_slow_reader)
-        self.subscriptions = Subscriptions(handlers.live)
+        self.subscriptions = Subscriptions(services.live)
         access = ConnectionAccess(services.access, relay_url)
         self.negentropy = services.negentropy.sessions_for(self.wire.send, access)
         self._context = Context(handlers, self.wire.send, self.wire.send_watched, self.outbox, access,

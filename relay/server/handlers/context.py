@@ -19,7 +19,7 @@ from relay.server.budget import ByteBudget
 from relay.server.negentropy import ConnectionSessions
 from relay.server.outbox import Outbox, RateWindow
 from relay.server.ratelimit import REFUSALS, ConnectionRate, RateLimits
-from relay.server.subscriptions import SubscriptionIndex, Subscriptions
+from relay.server.subscriptions import Subscriptions
 from relay.server.verifier import Verifier
 from relay.store.store import Store
 
@@ -54,7 +54,6 @@ class Services:
     store: Store
     verifier: Verifier
     accept: Callable[[Event, Done, str], None]
-    live: SubscriptionIndex
     stored_results: ByteBudget
     rate_limits: RateLimits
     metrics: HandlerMetrics
