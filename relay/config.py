@@ -124,6 +124,8 @@ class ServerConfig:
                                       unit="seconds", min=0.1)
     memory_trim_seconds: float = key(30.0, "freed heap memory is handed back to the OS this often (glibc); 0: never",
                                      unit="seconds")
+    max_http_body_bytes: int = key(65_536, "body of one plain HTTP request (not a WebSocket upgrade) on this port; "
+                                   "larger: 413", unit="bytes", restart=True)
 
 
 @dataclass(frozen=True)

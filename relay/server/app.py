@@ -1,4 +1,4 @@
-"""The relay process: WebSocket server, NIP-11 and /health on the same port, background tasks.
+"""The relay process: WebSocket server, NIP-11, /health and /metrics on the same port, background tasks.
 
 `Relay` holds what every connection shares (config, store, the ingest path
 with its signature pool, live subscription index).  `run_relay` serves
@@ -16,13 +16,11 @@ import signal
 import sys
 import weakref
 from collections.abc import Awaitable, Callable
+from functools import partial
 from http import HTTPStatus
-from urllib.parse import urlsplit
 
 import structlog
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
-from websockets.http11 import Request, Response
 
 from relay.config import Config
 from relay.ingest import Ingest
@@ -31,10 +29,14 @@ from relay.protocol.event import Event
 from relay.server import nip11
 from relay.server.access import AccessPolicy
 from relay.server.budget import ByteBudget
-from relay.server.connection import Connection, reset
+from relay.server.connection import Connection, ConnectionServices
+from relay.server.handlers.context import Services
 from relay.server.negentropy import NegentropyService
 from relay.server.ratelimit import TOO_MANY_CONNECTIONS, RateLimits
 from relay.server.subscriptions import SubscriptionIndex
+from relay.server.wire.handshake import RoutedServerConnection
+from relay.server.wire.http import ANY_PATH, HttpRequest, HttpResponse, Routes
+from relay.server.wire.websocket import reset
 from relay.store.store import Store
 from relay.store.writes import Changes
 
@@ -44,9 +46,6 @@ _SWITCH_INTERVAL_SECONDS = 0.0005
 _RESET_SECONDS = 1.0  # at shutdown, for reset connections' handlers to return
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 _MMAP_THRESHOLD_BYTES = 1_048_576
-# GET only: websockets answers any other method 405 itself, and a NIP-11 fetch needs no preflight
-_CORS = [("Access-Control-Allow-Origin", "*"), ("Access-Control-Allow-Headers", "*"),
-         ("Access-Control-Allow-Methods", "GET")]
 
 
 class Relay:
@@ -72,6 +71,8 @@ class Relay:
         self.metrics = Metrics(self)  # served at /metrics (relay/metrics.py)
         self.stored_results = ByteBudget(config.limits.max_stored_results_bytes)  # unsent REQ results, all connections
         self.rate_limits = RateLimits(config.rate_limits, stored_results=self.stored_results)
+        self.routes = self._routes()  # HTTP on the WebSocket port (relay/server/wire/http.py)
+        self._connection_services: ConnectionServices | None = None  # from start()
 
     async def start(self) -> None:
         """Open the store and start listening on `config.server` (port 0: any free port)."""
@@ -83,12 +84,12 @@ class Relay:
         self.store.on_batch = self.metrics.writer_batch
         self.ingest = Ingest.from_config(self.config, self.store, self._ephemeral)
         self.negentropy = NegentropyService(self.config.negentropy, self.store, self.internal_error)
+        self._connection_services = self._connection_parts()
         try:
             self.server = await serve(
                 self._handle, self.config.server.host, self.config.server.port,
-                process_request=self._process_request,
                 max_size=self.config.limits.max_message_bytes,
-                max_queue=16, compression=None, ping_interval=None,  # pings: Connection._keepalive
+                max_queue=16, compression=None, ping_interval=None,  # pings: Wire.unresponsive
                 create_connection=self._server_connection,
             )
         except OSError:
@@ -160,6 +161,24 @@ class Relay:
         except TimeoutError:
             log.warning("shutdown_timeout", step=name, waited_seconds=seconds, open_connections=len(self.connections))
 
+    def _connection_parts(self) -> ConnectionServices:
+        """What connections and their handlers are given of this relay (once the store is open)."""
+        handlers = Services(self.config.limits, self.event_limits, self.store, self.ingest,
+                            self.stored_results, self.rate_limits, self.metrics, self.internal_error)
+        return ConnectionServices(handlers, self.subscriptions, self.config.server, self.access, self.negentropy,
+                                  self.slow_reader_dropped, self.keepalive_timed_out)
+
+    def _routes(self) -> Routes:
+        """The HTTP routes on the relay's port: one line each, the first that matches answers."""
+        routes = Routes()
+        routes.add("GET", "/health", _health)
+        routes.add("GET", "/metrics", self._metrics_page)
+        routes.add("GET", ANY_PATH, partial(_nip11, self.config), accept="application/nostr+json")  # NIP-11
+        return routes
+
+    async def _metrics_page(self, request: HttpRequest) -> HttpResponse:
+        return HttpResponse(HTTPStatus.OK, await self.metrics.render(), CONTENT_TYPE)
+
     def _ephemeral(self, event: Event) -> None:
         """An ephemeral event accepted from a client: fanned out, never stored (NIP-01)."""
         self.metrics.events_ephemeral.inc()
@@ -174,7 +193,7 @@ class Relay:
         for event in events:
             private = event.kind in private_kinds  # NIP-42: only to their authenticated author or recipient
             for sub in self.subscriptions.match(event):
-                if not private or sub.connection.access.may_read(event):
+                if not private or sub.access.may_read(event):
                     sub.deliver(event)
 
     def slow_reader_dropped(self, **fields) -> None:
@@ -195,7 +214,8 @@ class Relay:
 
     def _server_connection(self, *args, **kwargs) -> ServerConnection:
         # websockets lists a connection only once its opening handshake is done; shutdown resets the others too.
-        ws = ServerConnection(*args, **kwargs)
+        ws = RoutedServerConnection(*args, routes=self.routes,
+                                    max_body_bytes=self.config.server.max_http_body_bytes, **kwargs)
         self._sockets.add(ws)
         return ws
 
@@ -214,25 +234,13 @@ class Relay:
         log.info("connection_opened")
         # NIP-42 relay tag: the configured public URL, else the one this client connected to.
         relay_url = self.config.server.public_url or f"ws://{headers.get('Host', '')}{ws.request.path}"
-        connection = Connection(ws, self, remote, relay_url)
+        connection = Connection(ws, self._connection_services, remote, relay_url)
         self.connections.add(connection)
         try:
             await connection.run()
         finally:
             self.connections.discard(connection)
             log.info("connection_closed", code=ws.close_code)
-
-    async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        if len(request.headers.get_all("Host")) > 1:  # RFC 9112: a request with several Host fields is invalid
-            return _response(HTTPStatus.BAD_REQUEST, b"several Host headers\n", "text/plain")
-        path = urlsplit(request.path).path  # "/metrics?x=1" is /metrics
-        if path == "/health":
-            return _response(HTTPStatus.OK, b"ok\n", "text/plain")
-        if path == "/metrics":
-            return _response(HTTPStatus.OK, await self.metrics.render(), CONTENT_TYPE)
-        if "application/nostr+json" in request.headers.get("Accept", ""):
-            return _response(HTTPStatus.OK, nip11.document(self.config), "application/nostr+json")
-        return None
 
     async def _purge_expired_forever(self) -> None:
         interval = self.config.store.expiry_purge_interval_seconds
@@ -245,9 +253,12 @@ class Relay:
                 self.internal_error("expiry_purge_failed", exc)
 
 
-def _response(status: HTTPStatus, body: bytes, content_type: str) -> Response:
-    headers = Headers([("Content-Type", content_type), ("Content-Length", str(len(body))), *_CORS])
-    return Response(status.value, status.phrase, headers, body)
+async def _health(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(HTTPStatus.OK, b"ok\n", "text/plain")
+
+
+async def _nip11(config: Config, request: HttpRequest) -> HttpResponse:
+    return HttpResponse(HTTPStatus.OK, nip11.document(config), "application/nostr+json")
 
 
 def _unmap_large_blocks_when_freed() -> None:

@@ -5,16 +5,25 @@ selective condition it states (an id, else an author, else a tag value, else
 a kind); a filter with none of these is a wildcard.  A new event looks up its
 own id, pubkey, kind and single-letter tag values, gathers the filters filed
 there plus the wildcards, and runs `Filter.matches` only on those.
+
+Each connection keeps its own REQs in a `Subscriptions` (by subscription id),
+which files them in the relay's index and takes them out again; a
+`LiveSubscription` queues matching events in its connection's outbox, or
+holds them until its stored results and EOSE have been sent.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Protocol
 
+from relay.protocol.envelopes import encode_event
 from relay.protocol.event import Event
 from relay.protocol.filters import Filter
+from relay.server.access import ConnectionAccess
+from relay.server.outbox import Outbox
 
 
 class Subscriber(Protocol):
@@ -93,3 +102,58 @@ class SubscriptionIndex:
                 if f.matches(event):
                     found[subscriber] = None
         return list(found)
+
+
+class LiveSubscription:
+    """A REQ's live side: `deliver` queues each matching event in `outbox`, or holds it in `pending` until
+    the REQ's EOSE is sent (then `pending` is None); `access` says which private events it may get (NIP-42)."""
+
+    __slots__ = ("sub_id", "filters", "access", "outbox", "pending", "task")
+
+    def __init__(self, sub_id: str, filters: list[Filter], access: ConnectionAccess, outbox: Outbox) -> None:
+        self.sub_id = sub_id
+        self.filters = filters
+        self.access = access
+        self.outbox = outbox
+        self.pending: list[Event] | None = []
+        self.task: asyncio.Task | None = None  # sends the stored results, then EOSE
+
+    def deliver(self, event: Event) -> None:
+        """Take a matching new event without blocking (held until EOSE, at most `outbox.max_live` of them)."""
+        if self.pending is None:
+            self.outbox.push_live(encode_event(self.sub_id, event.raw))
+        elif len(self.pending) < self.outbox.max_live:
+            self.pending.append(event)
+        else:
+            self.outbox.slow_reader()
+
+
+class Subscriptions:
+    """One connection's live subscriptions by subscription id, filed in the relay's `index` while open."""
+
+    def __init__(self, index: SubscriptionIndex) -> None:
+        self._index = index
+        self._open: dict[str, LiveSubscription] = {}
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def open(self, sub: LiveSubscription) -> None:
+        """File `sub` in the index: from now on it gets every matching event."""
+        self._index.add(sub, sub.filters)
+        self._open[sub.sub_id] = sub
+
+    def close(self, sub_id: str) -> None:
+        """End subscription `sub_id` if open: out of the index, its stored-results task cancelled."""
+        sub = self._open.pop(sub_id, None)
+        if sub is None:
+            return
+        self._index.remove(sub, sub.filters)
+        if sub.task is not None and not sub.task.done():
+            sub.task.cancel()
+        sub.task = None  # no task <-> subscription cycle left for the GC
+
+    def close_all(self) -> None:
+        """End every subscription (the connection is closing)."""
+        for sub_id in list(self._open):
+            self.close(sub_id)

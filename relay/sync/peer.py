@@ -181,7 +181,7 @@ class PeerConnection:
         """Write UTF-8 JSON messages as text frames, paying websockets' flow-control wait once.
 
         `send_context` and `protocol.send_text` are the primitives websockets'
-        own `send` uses (as in server/connection.py).
+        own `send` uses (as in server/wire/websocket.py).
         """
         if self._failed.done():
             raise self._failed.exception()

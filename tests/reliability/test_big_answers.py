@@ -20,7 +20,7 @@ MAX_QUERY_BYTES = 1_048_576  # its least: limits.max_message_bytes
 BUDGET_BYTES = 8_388_608  # limits.max_stored_results_bytes
 READ_CONNECTIONS, READ_CACHE_BYTES = 4, 16 * 1024 * 1024  # store.read_connections; a read connection's page cache
 # (at most: it never holds more than the database file)
-CHUNK_BYTES = 262_144 + 64 * 32  # one write of stored results: 256 KiB of events (relay/server/connection.py), framed
+CHUNK_BYTES = 262_144 + 64 * 32  # one write of stored results: 256 KiB of events (relay/server/outbox.py), framed
 PER_CONNECTION_BYTES = 96 * 1024 + 3 * CHUNK_BYTES  # its objects; a chunk as raw, framed and in the transport
 TOML = f"""\
 [limits]

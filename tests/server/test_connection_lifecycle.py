@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 
-from relay.server.connection import LiveSubscription
+from relay.server.subscriptions import LiveSubscription
 from tests.helpers import Client
 
 

@@ -50,7 +50,7 @@ async def test_a_non_reading_subscriber_is_handed_one_transaction_of_live_events
         await stalled.send(json.dumps(["REQ", "live", {"kinds": [1]}]))
         await stalled.recv()  # EOSE: the subscription is live
         (connection,) = relay.connections
-        sampling = asyncio.create_task(_sample(lambda: connection.ws.transport.get_write_buffer_size(), buffered))
+        sampling = asyncio.create_task(_sample(connection.wire.unsent_bytes, buffered))
         await store_events(relay.store, [alice.sign(content=f"{i} " + "x" * 100_000) for i in range(100)])
         await asyncio.sleep(0.2)
         sampling.cancel()
@@ -76,10 +76,10 @@ async def test_live_frames_waiting_for_a_non_reader_are_held_once(tmp_path, alic
         await stalled.recv()  # EOSE: the subscription is live
         (connection,) = relay.connections
         await store_events(relay.store, events)
-        assert await eventually(lambda: connection._sending and connection._out, timeout=10)
+        assert await eventually(lambda: connection.outbox.writing and connection.outbox.queued_bytes(), timeout=10)
         frames = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, envelopes.__file__)])
         held = sum(stat.size for stat in frames.statistics("filename"))
-        queued = sum(map(len, connection._out))
+        queued = connection.outbox.queued_bytes()
         assert queued > 1_000_000 and held < queued + 100_000, (held, queued)
     finally:
         tracemalloc.stop()

@@ -120,7 +120,7 @@ async def test_each_relay_has_its_own_registry(tmp_path, alice):
 
 async def test_http_paths_ignore_the_query_string_and_cors_names_only_get(relay):
     """/metrics?x=1 and /health?probe are those paths (not a WebSocket upgrade); CORS allows GET, the only method
-    websockets serves (it answers others 405)."""
+    the relay's routes serve (websockets answers others 405)."""
     def get(path: str) -> tuple[int, str, str]:
         with urllib.request.urlopen(f"http://127.0.0.1:{relay.port}{path}", timeout=5) as response:
             return response.status, response.headers["Access-Control-Allow-Methods"], response.read().decode()

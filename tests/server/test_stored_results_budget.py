@@ -14,8 +14,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import Close, Opcode
 from websockets.protocol import State
 
-from relay.server import connection
 from relay.server.app import Relay
+from relay.server.wire import websocket
 from tests.conftest import make_config
 from tests.helpers import Client, eventually, non_reader, raw_websocket, send_masked, store_events, tcp_sockets
 
@@ -260,7 +260,7 @@ async def test_a_slow_reader_is_not_closed_by_the_keepalive_while_it_reads(tmp_p
             got += message[0] == "EVENT"
             await asyncio.sleep(0.25)
         (served,) = relay.connections
-        assert served.ws.state is State.OPEN and got > 90
+        assert served.wire.ws.state is State.OPEN and got > 90
         assert relay.keepalive_timeouts == 0 and relay.slow_readers == 0
         slow.transport.abort()  # a close handshake would wait behind the megabytes still unsent
     finally:
@@ -286,7 +286,7 @@ async def test_a_reader_taking_its_answer_slower_than_the_minimum_rate_is_droppe
                                      for i in range(count)])
     slow = await non_reader(relay.url, receive_buffer=65_536)
     (served,) = relay.connections  # a kernel send buffer of 64 KiB (no autotuning): each chunk waits ~2 s
-    served.ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65_536)
+    served.wire.ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65_536)
 
     async def trickle() -> None:
         with contextlib.suppress(ConnectionClosed):
@@ -311,7 +311,7 @@ async def test_without_tcp_info_a_reader_above_the_minimum_rate_gets_its_answer(
     taking 30 kB every 0.05 s (about 600 kB/s) of a 9 MB answer, above a 16 KiB/s minimum over 3 s windows,
     gets it all. (Counted as minus the transport's unsent bytes, which grow with every chunk written, it was
     dropped as too slow within about 5 s.)"""
-    monkeypatch.setattr(connection, "_TCP_INFO", None)
+    monkeypatch.setattr(websocket, "TCP_INFO", None)
     relay = await _big_answers_relay(tmp_path, alice, limits={"max_query_bytes": 9_500_000,
                                                               "max_stored_results_bytes": 20_000_000,
                                                               "stored_results_timeout_seconds": 3.0,

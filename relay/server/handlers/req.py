@@ -1,0 +1,123 @@
+"""REQ and CLOSE (NIP-01): live subscriptions, their stored results and EOSE.
+
+How this works: a REQ replaces any subscription of the same id, then files
+its live side in the relay's index BEFORE its stored query runs, so nothing
+written meanwhile is missed.  A task then queries the store (one stored
+answer at a time per connection), takes the answer's size from the
+stored-results budget (the client IP's share of the relay's), and writes it in
+chunks paced by the socket: a client that takes nothing, or too little, for
+`stored_results_timeout_seconds` is dropped (1008) and the budget given back.
+After EOSE come the live events that arrived meanwhile, minus those already
+among the stored results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from websockets.exceptions import ConnectionClosed
+
+from relay.protocol.envelopes import CloseEnvelope, ReqEnvelope, encode_closed, encode_eose, encode_event
+from relay.server.budget import ByteBudget
+from relay.server.handlers.context import Context
+from relay.server.outbox import RateWindow, chunks, stored_results_refusal
+from relay.server.ratelimit import REQS
+from relay.server.subscriptions import LiveSubscription
+
+_ID_SLICE = slice(7, 71)  # the id inside our canonical JSON: {"id":"<64 hex>",...
+
+
+class _StalledReader(Exception):
+    """The peer took nothing of its stored results for `limits.stored_results_timeout_seconds`, or less than
+    `limits.stored_results_min_bytes_per_second` over that long: it is dropped."""
+
+
+async def handle_req(ctx: Context, req: ReqEnvelope) -> None:
+    """Open a live subscription and start sending its stored results (CLOSED when refused)."""
+    ctx.subscriptions.close(req.sub_id)
+    if refusal := ctx.read_refusal(req.filters, REQS):
+        await ctx.send(encode_closed(req.sub_id, refusal))
+        return
+    limit = ctx.limits.max_subscriptions
+    if len(ctx.subscriptions) >= limit:
+        await ctx.send(encode_closed(req.sub_id, f"rate-limited: too many subscriptions (max {limit})"))
+        return
+    sub = LiveSubscription(req.sub_id, req.filters, ctx.access, ctx.outbox)
+    ctx.subscriptions.open(sub)  # before the stored query runs, so nothing written meanwhile is missed
+    sub.task = asyncio.create_task(_serve_stored(ctx, sub))
+
+
+async def handle_close(ctx: Context, envelope: CloseEnvelope) -> None:
+    """End a subscription (no reply, NIP-01)."""
+    ctx.subscriptions.close(envelope.sub_id)
+
+
+async def _serve_stored(ctx: Context, sub: LiveSubscription) -> None:
+    services, limits = ctx.services, ctx.limits
+    stored: list[bytes] = []
+    try:
+        # One stored answer at a time per connection, from query to last chunk sent: a client
+        # cannot hold every read connection, nor more than one answer of the budget.
+        async with ctx.query_slot:
+            # A limited client's bytes come from its IP's share, and through it from the relay's budget.
+            budget = services.stored_results if ctx.rate is None else ctx.rate.stored_results
+            if refusal := stored_results_refusal(budget, services.stored_results, 1):  # before the query
+                raise refusal
+            with services.metrics.req_seconds.time():
+                stored = await services.store.query(sub.filters, limits.default_limit, limits.max_limit,
+                                                    ctx.access.private, limits.max_query_rows,
+                                                    limits.query_timeout_seconds, limits.max_query_bytes)
+            sent = await _send_stored(ctx, sub.sub_id, stored, budget)
+        stored = None
+        await ctx.send(encode_eose(sub.sub_id))
+        pending, sub.pending = sub.pending, None
+        push_live = ctx.outbox.push_live
+        for event in pending or ():
+            if event.id.encode() not in sent:
+                push_live(encode_event(sub.sub_id, event.raw))
+    except (ConnectionClosed, _StalledReader):
+        pass
+    except Exception as exc:
+        message = ctx.query_failure("req_failed", exc, sub_id=sub.sub_id)
+        ctx.subscriptions.close(sub.sub_id)
+        try:
+            await ctx.send(encode_closed(sub.sub_id, message))
+        except ConnectionClosed:
+            pass
+    finally:
+        # A cancelled task keeps its frame alive through the exception: let go of the results now.
+        stored = None
+
+
+async def _send_stored(ctx: Context, sub_id: str, stored: list[bytes], budget: ByteBudget) -> set[bytes]:
+    """Send stored results in chunks under `budget` (the relay's, or the client IP's share of it),
+    letting go of each chunk once sent; returns the ids sent (to skip live events already among them).
+
+    Raises:
+        Rejection: "rate-limited:", nothing sent: the results do not fit in the budget.
+        _StalledReader: the peer took nothing for `limits.stored_results_timeout_seconds` (or too
+            little: `limits.stored_results_min_bytes_per_second`); the connection is being dropped as a
+            slow reader and its bytes are given back.
+        ConnectionClosed: the socket is closed.
+    """
+    limits = ctx.limits
+    held = sum(map(len, stored))
+    if refusal := stored_results_refusal(budget, ctx.services.stored_results, held):
+        raise refusal
+    budget.take(held)
+    try:
+        sent = {raw[_ID_SLICE] for raw in stored}
+        # One rate window over the whole answer: one chunk may take less than a window.
+        min_rate = limits.stored_results_min_bytes_per_second
+        window = RateWindow(limits.stored_results_timeout_seconds, min_rate) if min_rate else None
+        for chunk, size in chunks(stored):
+            # A client that asks and never reads, or reads a trickle, must not keep its share of the budget.
+            if not await ctx.send_watched([encode_event(sub_id, raw) for raw in chunk],
+                                          limits.stored_results_timeout_seconds, window):
+                ctx.drop_slow_reader("slow reader: stored events not read in time")
+                raise _StalledReader
+            budget.release(size)
+            held -= size
+        return sent
+    finally:
+        budget.release(held)

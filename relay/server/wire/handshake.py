@@ -1,0 +1,105 @@
+"""Each TCP connection's opening: its HTTP request meets the route table before websockets sees it.
+
+websockets reads the opening request itself, and refuses one with a body
+before its `process_request` hook runs.  Here its server connection is given
+the request only when no route answers it (a WebSocket upgrade above all),
+byte for byte as received (relay/server/wire/http.py decides).  A route's
+answer is serialized by websockets (as its own answers are) and ends the
+same way: EOF after the response, then the client's close awaited (at most
+websockets' close timeout), all within its `open_timeout`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from http import HTTPStatus
+from typing import Any
+
+import structlog
+from websockets.asyncio.server import ServerConnection
+from websockets.http11 import SERVER
+from websockets.protocol import State
+
+from relay.server.wire.http import HANDOFF, Answer, Decision, HttpResponse, RequestReader, Routes
+
+log = structlog.get_logger(__name__)
+
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"  # RFC 9110 section 15.2.1
+
+
+class RoutedServerConnection(ServerConnection):
+    """websockets' connection for one TCP connection, whose opening request goes to `routes` first.
+
+    `max_body_bytes` bounds a routed request's body (`server.max_http_body_bytes`).  Made by
+    `serve(create_connection=...)` with websockets' own arguments.
+    """
+
+    def __init__(self, *args: Any, routes: Routes, max_body_bytes: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._routes = routes
+        self._reader: RequestReader | None = RequestReader(routes, max_body_bytes)
+        self._decided: asyncio.Future[Decision] = self.loop.create_future()
+        self._continued = False
+        self._client_ended = False  # the client sent EOF before the answer to its request was written
+
+    def data_received(self, data: bytes) -> None:
+        """Feed the request reader until it decides; then websockets, if the request is its own."""
+        reader = self._reader
+        if reader is None:
+            if self._decided.result() is HANDOFF:
+                super().data_received(data)
+            return  # a route's request is read: what follows it is not
+        decision = reader.feed(data)
+        if decision is not None:
+            self._decide(decision)
+        elif reader.waits_for_continue and not self._continued:
+            self._continued = True
+            self.transport.write(_CONTINUE)
+
+    def eof_received(self) -> bool | None:
+        """A request cut short goes to websockets, which ends it as it always did (`RequestReader.end`);
+        a route's answer not yet written still is (True keeps the transport open for it)."""
+        if self._reader is not None:
+            self._decide(self._reader.end())
+        if self._decided.result() is HANDOFF or self.protocol.eof_sent:
+            return super().eof_received()
+        self._client_ended = True
+        return True
+
+    def _decide(self, decision: Decision) -> None:
+        received, self._reader = self._reader.received, None
+        self._decided.set_result(decision)
+        if decision is HANDOFF:
+            super().data_received(bytes(received))
+
+    async def handshake(self, process_request: Any = None, process_response: Any = None,
+                        server_header: str | None = SERVER) -> None:
+        """Answer a routed request, or perform websockets' opening handshake (see `ServerConnection`)."""
+        await asyncio.wait([self._decided, self.connection_lost_waiter], return_when=asyncio.FIRST_COMPLETED)
+        if not self._decided.done():
+            return  # the connection ended before its request did
+        decision = self._decided.result()
+        if decision is HANDOFF:
+            await super().handshake(process_request, process_response, server_header)
+            return
+        answer = await self._answer(decision) if type(decision) is Answer else decision  # or a refusal
+        self.response = self._routes.response(answer)
+        if server_header is not None:
+            self.response.headers["Server"] = server_header
+        if self.state is not State.CONNECTING:
+            return  # the connection ended meanwhile
+        self.protocol.send_response(self.response)  # the response, then EOF
+        self.send_data()
+        if self._client_ended:
+            self.transport.close()  # once written: the client will not close a connection it has ended
+        with contextlib.suppress(TimeoutError):  # then websockets' handler resets it
+            async with asyncio.timeout(self.close_timeout):
+                await asyncio.shield(self.connection_lost_waiter)
+
+    async def _answer(self, decision: Answer) -> HttpResponse:
+        try:
+            return await decision.route.handler(decision.request)
+        except Exception as exc:  # the one broad catch of an HTTP request: a bug answers 500
+            log.error("http_request_failed", path=decision.request.path, error=repr(exc), exc_info=exc)
+            return HttpResponse(HTTPStatus.INTERNAL_SERVER_ERROR, b"internal error\n", "text/plain")

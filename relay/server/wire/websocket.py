@@ -1,0 +1,219 @@
+"""The socket of one WebSocket client: frames out, progress of the peer's reading, keepalive, resets.
+
+How this works: `Wire` is the only code that touches a connection's socket.
+Messages go out as text frames built here and handed to the transport in one
+write per batch (inside websockets' `send_context`, which keeps the close
+handshake and flow control right).  Whether the peer reads is measured by the
+bytes its TCP acknowledged (`TCP_INFO`), which both the stored-results pacing
+(`send_watched`) and the keepalive (`unresponsive`) look at every 0.5 s.  A
+connection dropped for not reading closes with SO_LINGER 0: what the peer has
+not taken is discarded, not kept in the kernel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import TYPE_CHECKING
+
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
+
+if TYPE_CHECKING:
+    from relay.server.outbox import RateWindow
+
+# RFC 6455 section 5.2: FIN + text opcode, then the payload length in 7, 7+16 or 7+64 bits;
+# a server's frames are not masked, and no extension is negotiated (compression=None).
+_TEXT_FRAME = 0x81
+_LENGTH_16 = struct.Struct("!BBH")
+_LENGTH_64 = struct.Struct("!BBQ")
+_PROGRESS_CHECK_SECONDS = 0.5  # how often a write waiting on the socket looks for progress
+TCP_INFO = getattr(socket, "TCP_INFO", None)
+"""Linux's `TCP_INFO` socket option, None where the platform has none (then `taken_bytes` counts the bytes
+handed to the kernel instead; tests set it to None to take that path)."""
+# Linux's struct tcp_info (netinet/tcp.h): tcpi_bytes_acked, the bytes the peer has acknowledged, is a u64 at 120
+_TCP_INFO_BYTES = 256  # room for the whole struct, of whichever kernel version
+_BYTES_ACKED = struct.Struct("=Q")
+_BYTES_ACKED_OFFSET = 120
+_LINGER_RESET = struct.pack("ii", 1, 0)  # struct linger {l_onoff, l_linger}
+
+
+def text_frame_header(size: int) -> bytes:
+    """The header of an unmasked, final text frame carrying `size` bytes (RFC 6455 section 5.2)."""
+    if size < 126:
+        return bytes((_TEXT_FRAME, size))
+    if size < 65536:
+        return _LENGTH_16.pack(_TEXT_FRAME, 126, size)
+    return _LENGTH_64.pack(_TEXT_FRAME, 127, size)
+
+
+def reset(ws: ServerConnection) -> None:
+    """End `ws`'s TCP connection now (RST), discarding whatever it has not sent, whatever its WebSocket state
+    (a peer leaving, or shutdown's deadline passed); nothing when it has ended already."""
+    _discard_unsent_on_close(ws)
+    ws.transport.abort()
+
+
+def _discard_unsent_on_close(ws: ServerConnection) -> None:
+    # SO_LINGER on, 0 s: closing the socket resets the connection and frees its send queue at once.
+    sock = ws.transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+        except (OSError, ValueError):
+            pass  # closed already (uvloop's socket object raises ValueError: negative file descriptor)
+
+
+class Wire:
+    """One client's WebSocket `ws` (websockets' connection, open): `recv()` a message, `send_many` frames.
+
+    `recv()` returns each message as bytes, undecoded (orjson checks UTF-8
+    itself); it raises `ConnectionClosed` once the socket has closed.
+    """
+
+    def __init__(self, ws: ServerConnection) -> None:
+        self.ws = ws
+        self.recv: Callable[[], Awaitable[bytes]] = partial(ws.recv, decode=False)  # no wrapper per message
+        self._written = 0  # bytes of frames given to the transport (`taken_bytes` where TCP_INFO is missing)
+
+    @property
+    def close_code(self) -> int | None:
+        """The WebSocket close code once closed (RFC 6455 section 7.1.5), else None."""
+        return self.ws.close_code
+
+    def unsent_bytes(self) -> int:
+        """Bytes written to this socket that the kernel has not taken yet (the transport's buffer)."""
+        return self.ws.transport.get_write_buffer_size()
+
+    async def send(self, message: bytes) -> None:
+        """Send one UTF-8 JSON message as a text frame (waits while the send buffer is full)."""
+        await self.send_many([message])
+
+    async def send_many(self, messages: list[bytes]) -> None:
+        """Write UTF-8 JSON messages as text frames, then wait while the send buffer is full; `messages` is
+        emptied once written, so while the socket is slow they are held once (in the transport), not twice.
+
+        websockets' `send_context` is the primitive its own `send` uses; one
+        context per batch pays the flow-control wait once, not per message,
+        and the frames go to the socket in one write.  The frame headers are
+        built here: websockets' `protocol.send_text` builds a frame object and
+        copies each payload twice, several times the cost per frame.
+
+        Raises:
+            ConnectionClosed: the socket is closed.
+        """
+        async with self.ws.send_context():  # enters only while the connection is open
+            data = b"".join([piece for message in messages
+                             for piece in (text_frame_header(len(message)), message)])
+            messages.clear()
+            self._written += len(data)
+            self.ws.transport.write(data)
+            del data  # while the socket is slow, what it has not taken stays in the transport only
+
+    async def send_watched(self, messages: list[bytes], seconds: float, window: RateWindow | None) -> bool:
+        """`send_many`, given up (False) once the peer has taken nothing of what was written for `seconds`,
+        or too little for `window` (None: no minimum rate); True once sent.
+
+        Raises:
+            ConnectionClosed: the socket is closed.
+        """
+        return await self._while_taking(self.send_many(messages), self.ws.drain, seconds, window)
+
+    async def unresponsive(self, interval: float, timeout: float) -> None:
+        """Ping the peer every `interval` seconds (RFC 6455 section 5.5.2); return once it has neither answered
+        a ping nor taken any of what was written to it for `timeout` seconds.
+
+        A ping waits behind every byte written before it, so a client steadily reading a large answer
+        at 60 kB/s got its pong too late for websockets' own keepalive and was cut after 80-108 s.
+        """
+        while True:
+            await asyncio.sleep(interval)
+            pong = asyncio.ensure_future(self._pong())
+            if not await self._while_taking(asyncio.shield(pong), partial(asyncio.shield, pong), timeout):
+                pong.cancel()
+                return
+
+    def drop(self, code: int, reason: str) -> bool:
+        """Close for not reading or not answering in time: True when the close handshake begins (with `code`
+        and `reason`); False when the WebSocket is no longer open (its peer is leaving, or the relay is
+        closing it), and the connection is reset at once: what its peer did not read is of no use to it.
+
+        The close frame waits behind what the socket holds; when the close handshake has not ended within
+        websockets' close timeout (10 s), the TCP connection is reset and its unsent bytes discarded. Left to
+        websockets, a dropped non-reader stayed connected until it read (the close waits for the socket to
+        drain), and then its socket held 3 MB in the kernel (FIN-WAIT-1) for minutes.
+        """
+        if self.ws.state is not State.OPEN:
+            reset(self.ws)
+            return False
+        _discard_unsent_on_close(self.ws)
+        asyncio.create_task(self._close_or_reset(code, reason))
+        return True
+
+    async def close(self, code: int, reason: str) -> None:
+        """Begin the close handshake (RFC 6455 section 7) and wait for its end."""
+        await self.ws.close(code, reason)
+
+    async def _close_or_reset(self, code: int, reason: str) -> None:
+        try:
+            async with asyncio.timeout(self.ws.close_timeout):
+                await self.ws.close(code, reason)
+        except TimeoutError:
+            reset(self.ws)
+
+    async def _pong(self) -> None:
+        try:
+            await (await self.ws.ping())
+        except ConnectionClosed:
+            pass  # the read loop ends too, and cancels the keepalive
+
+    async def _while_taking(self, waiting: Awaitable, then: Callable[[], Awaitable], seconds: float,
+                            window: RateWindow | None = None) -> bool:
+        """Await `waiting`, looking every 0.5 s whether the peer takes what was written to it: False,
+        `waiting` cancelled, once it has taken nothing for `seconds`, or too little for `window` (which
+        begins at its first look and may span several calls); True when `waiting` is done.
+        After each look `then()` is awaited in its place (`waiting` is cancelled by the look).
+
+        Progress is the bytes the peer's TCP acknowledges. Waiting for the socket to become writable
+        is no measure: the kernel reports that only once a third of its send buffer (grown up to 4 MiB)
+        is free, and a client reading a steady 64 kB/s was dropped after about 70 s when each 256 KiB
+        chunk had 15 s to be written. Nor are the unsent bytes going down: other writes (live events, the
+        answer beside a ping) add to them.
+
+        Raises:
+            ConnectionClosed: the socket is closed.
+        """
+        taken, still = None, 0.0  # no baseline before the first look: most writes never wait that long
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                async with asyncio.timeout(_PROGRESS_CHECK_SECONDS):
+                    await waiting
+                return True
+            except TimeoutError:  # what was written stays with the transport
+                pass
+            now = self.taken_bytes()
+            still = 0.0 if taken is None or now > taken else still + _PROGRESS_CHECK_SECONDS
+            taken = now
+            if still >= seconds or (window is not None and window.too_slow(loop.time(), now)):
+                return False
+            waiting = then()
+
+    def taken_bytes(self) -> int:
+        """A count of bytes that grows as the peer takes what was written to it: its TCP acknowledged
+        bytes (`tcp_info.tcpi_bytes_acked`, Linux 4.1+); elsewhere, the bytes the transport has handed to
+        the kernel (written by `send_many`, less those still unsent): it never falls when more is written."""
+        transport = self.ws.transport
+        sock = transport.get_extra_info("socket")
+        if TCP_INFO is not None and sock is not None:
+            try:
+                info = sock.getsockopt(socket.IPPROTO_TCP, TCP_INFO, _TCP_INFO_BYTES)
+            except OSError:
+                info = b""
+            if len(info) >= _BYTES_ACKED.size + _BYTES_ACKED_OFFSET:
+                return _BYTES_ACKED.unpack_from(info, _BYTES_ACKED_OFFSET)[0]
+        return self._written - transport.get_write_buffer_size()

@@ -1,0 +1,172 @@
+"""HTTP/1.1 on the relay's port: the request reader and route table alone, then through a real relay
+(relay/server/wire/http.py, relay/server/wire/handshake.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from http import HTTPStatus
+
+import pytest
+
+from relay.server.wire.http import ANY_PATH, HANDOFF, Answer, HttpRequest, HttpResponse, RequestReader, Routes
+from tests.helpers import Client, eventually
+
+UPGRADE = (b"GET /any?x HTTP/1.1\r\nHost: relay\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+           b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+
+
+async def _echo(request: HttpRequest) -> HttpResponse:
+    """A test route: answers the JSON body it was given, wrapped."""
+    return HttpResponse(HTTPStatus.OK, json.dumps({"got": json.loads(request.body)}).encode(), "application/json")
+
+
+async def _ok(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(HTTPStatus.OK, b"ok\n", "text/plain")
+
+
+def _routes() -> Routes:
+    routes = Routes()
+    routes.add("GET", "/health", _ok)
+    routes.add("POST", "/echo", _echo)  # what a later route with a JSON body (NIP-86) looks like
+    routes.add("GET", ANY_PATH, _ok, accept="application/nostr+json")
+    return routes
+
+
+def _feed(data: bytes, max_body_bytes: int = 100, pieces: int = 1):
+    """The reader's decision on `data` fed in `pieces` parts (None: still undecided)."""
+    reader = RequestReader(_routes(), max_body_bytes)
+    step = -(-len(data) // pieces)
+    decision = None
+    for start in range(0, len(data), step):
+        decision = reader.feed(data[start:start + step])
+        if decision is not None:
+            break
+    return reader, decision
+
+
+@pytest.mark.parametrize("pieces", [1, 7])
+def test_a_routed_request_with_a_body_is_read_whole(pieces):
+    """A POST with a JSON body, however it arrives, is the route's, with its body, path and headers."""
+    body = b'{"method":"supportedmethods","params":[]}'
+    _, decision = _feed(b"POST /echo?v=1 HTTP/1.1\r\nHost: relay\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body), pieces=pieces)
+    assert type(decision) is Answer and decision.route.path == "/echo"
+    request = decision.request
+    assert (request.method, request.path, request.target, request.body) == ("POST", "/echo", "/echo?v=1", body)
+    assert request.header("content-type") == "application/json"
+
+
+def test_a_chunked_body_is_read_too():
+    """Transfer-Encoding: chunked (which websockets refuses outright) is read by h11."""
+    _, decision = _feed(b"POST /echo HTTP/1.1\r\nHost: relay\r\nTransfer-Encoding: chunked\r\n\r\n"
+                        b"3\r\n[1,\r\n2\r\n2]\r\n0\r\n\r\n")
+    assert type(decision) is Answer and decision.request.body == b"[1,2]"
+
+
+@pytest.mark.parametrize("framing", [b"Content-Length: 101\r\n\r\n", b"Transfer-Encoding: chunked\r\n\r\n65\r\n"])
+def test_a_body_past_the_bound_is_refused_413(framing):
+    """A body over `max_body_bytes` (100 here) gets 413, whether its length is announced or found out."""
+    _, decision = _feed(b"POST /echo HTTP/1.1\r\nHost: relay\r\n" + framing + b"x" * 101)
+    assert type(decision) is HttpResponse and decision.status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE
+
+
+def test_requests_no_route_answers_go_to_websockets_as_received():
+    """An upgrade, a GET of another path, a POST of a path routed only for GET: handed off, with every byte
+    received so far (even a frame sent behind the upgrade request), for websockets to parse unchanged."""
+    reader, decision = _feed(UPGRADE + b"\x81\x00")
+    assert decision is HANDOFF and bytes(reader.received) == UPGRADE + b"\x81\x00"
+    assert _feed(b"GET /nope HTTP/1.1\r\nHost: relay\r\n\r\n")[1] is HANDOFF
+    assert _feed(b"POST /health HTTP/1.1\r\nHost: relay\r\nContent-Length: 2\r\n\r\n{}")[1] is HANDOFF
+
+
+def test_routes_match_the_path_without_its_query_and_the_accept_header():
+    """/health?probe is /health; a NIP-11 style route answers any path whose Accept names its media type."""
+    assert _feed(b"GET /health?probe HTTP/1.1\r\nHost: relay\r\n\r\n")[1].route.path == "/health"
+    decision = _feed(b"GET /x HTTP/1.1\r\nHost: relay\r\nAccept: text/html, application/nostr+json\r\n\r\n")[1]
+    assert decision.route.path == ANY_PATH
+    assert _feed(b"GET /x HTTP/1.1\r\nHost: relay\r\nAccept: text/html\r\n\r\n")[1] is HANDOFF
+
+
+@pytest.mark.parametrize("request_bytes, status", [
+    (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", HTTPStatus.BAD_REQUEST),  # RFC 9112 section 3.2
+    (b"\x16\x03\x01\x02\x00 not HTTP\r\n\r\n", HTTPStatus.BAD_REQUEST),
+    (b"GET / HTTP/1.1\r\nHost: a\r\nX: " + b"y" * 100_000 + b"\r\n\r\n", HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE),
+], ids=["two-hosts", "not-http", "huge-headers"])
+def test_a_request_that_is_not_http_1_1_is_refused_without_quoting_it(request_bytes, status):
+    """What h11 cannot read is answered with its status and the status phrase, never the bytes sent; a
+    header block arriving in pieces is refused once more than `MAX_HEADER_BYTES` of it wait."""
+    _, decision = _feed(request_bytes, pieces=10)
+    assert type(decision) is HttpResponse and decision.status == status
+    assert decision.body == f"{status.phrase}\n".encode()
+
+
+def test_a_request_cut_short_goes_to_websockets_unless_it_is_a_routes():
+    """EOF before the request is read: websockets ends it as it always did; within a route's body: 400."""
+    reader, _ = _feed(b"GET /health HTTP/1.1\r\nHo")
+    assert reader.end() is HANDOFF
+    reader, _ = _feed(b"POST /echo HTTP/1.1\r\nHost: relay\r\nContent-Length: 10\r\n\r\n{}")
+    assert reader.end().status == HTTPStatus.BAD_REQUEST
+
+
+def test_every_answer_carries_the_cors_headers_of_the_table():
+    """One CORS policy: any origin and header, and every method the table routes (GET, POST here)."""
+    response = _routes().response(HttpResponse(HTTPStatus.OK, b"{}", "application/json"))
+    assert response.status_code == 200 and response.body == b"{}"
+    assert list(response.headers.raw_items()) == [
+        ("Content-Type", "application/json"), ("Content-Length", "2"), ("Access-Control-Allow-Origin", "*"),
+        ("Access-Control-Allow-Headers", "*"), ("Access-Control-Allow-Methods", "GET, POST")]
+
+
+# --- through a real relay ---------------------------------------------------------------------------------
+
+
+def _post(port: int, path: str, body: bytes) -> tuple[int, str, bytes]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, response.headers["Access-Control-Allow-Methods"], response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Access-Control-Allow-Methods"], exc.read()
+
+
+async def test_a_route_added_to_a_running_relay_takes_a_json_body(relay):
+    """One line adds a POST route; a JSON body reaches it (websockets alone refused any body), CORS names
+    the new method, a body past `server.max_http_body_bytes` gets 413, and WebSocket clients are served."""
+    relay.routes.add("POST", "/echo", _echo)
+    status, methods, body = await asyncio.to_thread(_post, relay.port, "/echo", b'{"a":[1,2]}')
+    assert (status, methods, json.loads(body)) == (200, "GET, POST", {"got": {"a": [1, 2]}})
+    limit = relay.config.server.max_http_body_bytes
+    status, _, body = await asyncio.to_thread(_post, relay.port, "/echo", b"[" + b"0," * limit + b"0]")
+    assert status == 413 and body == f"request body too large (max {limit} bytes)\n".encode()
+    client = await Client.connect(relay.url)
+    assert await client.req("after", {"limit": 1}) == []
+    await client.close()
+
+
+async def test_a_client_waiting_for_100_continue_gets_it_before_sending_its_body(relay):
+    """`Expect: 100-continue` (curl's way with bodies over 1 kB): 100 Continue, then the route's answer."""
+    relay.routes.add("POST", "/echo", _echo)
+    reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+    writer.write(b"POST /echo HTTP/1.1\r\nHost: relay\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n")
+    assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5) == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(b"[]")
+    answer = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n") and answer.endswith(b'{"got": []}')
+
+
+async def test_an_answered_request_leaves_no_handler_behind(relay):
+    """Once a client has read its answer and closed, its connection is gone at once (a handler waiting on it
+    would hold shutdown for the close timeout), also when it ended its side before the answer."""
+    for half_close in (False, True):
+        reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+        writer.write(b"GET /health HTTP/1.1\r\nHost: relay\r\n\r\n")
+        if half_close:
+            writer.write_eof()
+        assert (await asyncio.wait_for(reader.read(), 5)).endswith(b"\r\n\r\nok\n")
+        writer.close()
+        assert await eventually(lambda: not relay.server.handler_tasks, timeout=2)
