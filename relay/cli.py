@@ -105,9 +105,9 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "serve":
         import uvloop
 
-        from relay.server.app import run_relay
+        from relay.node import run
 
-        return uvloop.run(run_relay(config))
+        return uvloop.run(run(config))
     if args.command == "import":
         from relay.commands import run_import
 

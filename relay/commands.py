@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from relay.config import Config
 from relay.ingest import Ingest
+from relay.node import open_store
 from relay.protocol.envelopes import loads
 from relay.protocol.filters import parse_filter
 from relay.protocol.rejection import Rejection
@@ -26,9 +27,7 @@ async def run_import(config: Config, path: Path) -> int:
     except OSError as exc:
         console.print(f"relay import: {exc}")
         return 2
-    from relay.hooks import hooks  # transaction hooks (projectors, ...): every writer must run them
-
-    store = await Store.open(config.store.path, config.store.options(1, config.server.public_url), hooks(config))
+    store = await open_store(config, read_connections=1)
     ingest = Ingest.from_config(config, store)
     try:
         with source:

@@ -1,8 +1,8 @@
 """The transaction hooks a configuration asks for, in the order they run inside each write transaction.
 
-Every process that opens the store for writing (`relay serve`, `relay import`,
-...) must pass `hooks(config)` to `Store.open`: derived tables written without
-their hook would no longer agree with the events (`relay verify` tells).
+`relay.node.open_store` passes them to `Store.open` for every process that
+writes (`relay serve`, `relay import`, `relay sync`): derived tables written
+without their hook would no longer agree with the events (`relay verify` tells).
 """
 
 from __future__ import annotations

@@ -51,10 +51,10 @@ async def sync_once(config: Config, url: str, filter_obj: dict, options: SyncOpt
         LeaseBusy: another process is syncing this peer on the same database.
         NodeKeyError: the node key file cannot be created or read.
     """
-    from relay.hooks import hooks  # transaction hooks (projectors, negentropy index): every writer must run them
+    from relay.node import open_store
 
     key = node_key(config)
-    store = await Store.open(config.store.path, config.store.options(2, config.server.public_url), hooks(config))
+    store = await open_store(config, read_connections=2)
     states = await PeerStates.open(config.store.path)
     ingest = Ingest.from_config(config, store)
     report = SyncReport() if report is None else report
