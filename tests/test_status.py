@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from relay.status import run_status
+from relay.commands.status import run_status
 from relay.store.projectors.spec import parse_specs
 from relay.sync.state import add_counts, record_error
 from tests.conftest import make_config

@@ -18,7 +18,7 @@ from collections import Counter
 import nostr_sdk as sdk
 import pytest
 
-from relay.sync.command import sync_once
+from relay.commands.sync import sync_once
 from relay.sync.peer import PeerError
 from relay.sync.scheduler import sync_options
 from relay.sync.session import ERROR, GONE_LOCALLY, MISSING, SETTLED, STORED, SyncReport, classify, push_chunk
