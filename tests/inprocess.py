@@ -15,13 +15,16 @@ class Relay:
         self.node = Node(config)
 
     async def start(self) -> None:
+        """Open the store and serve on the configured port (0: any free one), then start peer sync."""
         await self.node.start()
 
     async def stop(self) -> None:
+        """Graceful shutdown, as `relay serve` does on SIGTERM."""
         await self.node.stop()
 
     @property
     def sync(self):
+        """The node's `[[sync.peers]]` scheduler (None without peers)."""
         return self.node.sync
 
     def __getattr__(self, name: str):
