@@ -1,4 +1,7 @@
-"""The `relay` command line: serve, import, export, sync, status, key, backup.
+"""The `relay` command line: serve, import, export, sync, status, key, backup, verify, projectors, query.
+
+This module parses the arguments and dispatches; the bodies are in
+relay/commands/ (and `relay serve` is relay/node.py's `run`).
 
 Every subcommand takes `--config PATH` and `--db PATH`; flags override
 `RELAY_<SECTION>__<KEY>` environment variables, which override the file.
@@ -50,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _projector_parsers(commands, common: argparse.ArgumentParser) -> None:
-    """`verify`, `projectors list | rebuild NAME | refusals`, `query TABLE` (bodies in relay/projector_commands.py)."""
+    """`verify`, `projectors list | rebuild NAME | refusals`, `query TABLE` (bodies in relay/commands/projectors.py)."""
     commands.add_parser("verify", parents=[common],
                         help="recompute every projected table and negentropy index from the events; exit 1 on any difference")
     proj = commands.add_parser("projectors", parents=[common], help="projected tables: list, rebuild, refusals")
@@ -105,38 +108,39 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "serve":
         import uvloop
 
-        from relay.server.app import run_relay
+        from relay.node import run
 
-        return uvloop.run(run_relay(config))
+        return uvloop.run(run(config))
     if args.command == "import":
-        from relay.commands import run_import
+        from relay.commands.transfer import run_import
 
         return asyncio.run(run_import(config, args.file))
     if args.command == "sync":
-        from relay.sync.command import run_sync
+        from relay.commands.sync import run_sync
 
         return asyncio.run(run_sync(config, args.url, args.filter, args.direction, args.frame_size))
     if args.command == "status":
-        from relay.status import run_status
+        from relay.commands.status import run_status
 
         return run_status(config, args.json)
     if args.command == "key":
-        from relay.keys import key_path, run_key
+        from relay.commands.key import run_key
+        from relay.keys import key_path
 
         return run_key(args.file or key_path(config.sync.secret_key_file, config.store.path), args.file is not None)
     if args.command == "backup":
-        from relay.backup import run_backup
+        from relay.commands.backup import run_backup
 
         return run_backup(config, args.path)
     if args.command in ("verify", "projectors", "query"):
         return _run_projector_command(config, args)
-    from relay.commands import run_export
+    from relay.commands.transfer import run_export
 
     return asyncio.run(run_export(config, args.filter, args.output))
 
 
 def _run_projector_command(config: Config, args: argparse.Namespace) -> int:
-    from relay import projector_commands as pc
+    from relay.commands import projectors as pc
 
     if args.command == "verify":
         return pc.run_verify(config)

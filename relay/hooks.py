@@ -1,13 +1,16 @@
 """The transaction hooks a configuration asks for, in the order they run inside each write transaction.
 
-Every process that opens the store for writing (`relay serve`, `relay import`,
-...) must pass `hooks(config)` to `Store.open`: derived tables written without
-their hook would no longer agree with the events (`relay verify` tells).
+`relay.node.open_store` passes them to `Store.open` for every process that
+writes (`relay serve`, `relay import`, `relay sync`): derived tables written
+without their hook would no longer agree with the events (`relay verify` tells).
 """
 
 from __future__ import annotations
 
 from relay.config import Config
+from relay.protocol.filters import parse_filter
+from relay.store.negentropy import DropNegentropyIndex, NegentropyIndex
+from relay.store.projectors.engine import ProjectorHook
 from relay.store.writes import TransactionHook
 
 
@@ -17,8 +20,6 @@ def hooks(config: Config) -> list[TransactionHook]:
     Each hook's `setup` runs at `Store.open` (a projector that is new or
     changed is rebuilt then, which can take a while on a large store).
     """
-    from relay.store.projectors.engine import ProjectorHook
-
     found: list[TransactionHook] = []
     if config.projectors:
         found.append(ProjectorHook(config.projectors, max_refusals=config.store.max_projector_refusals,
@@ -29,9 +30,6 @@ def hooks(config: Config) -> list[TransactionHook]:
 
 def negentropy_hook(config: Config) -> TransactionHook:
     """The NIP-77 index of the full set and of `[negentropy] filters`; with `enabled = false`, its removal."""
-    from relay.protocol.filters import parse_filter
-    from relay.store.negentropy import DropNegentropyIndex, NegentropyIndex
-
     if not config.negentropy.enabled:
         return DropNegentropyIndex()
     # a protected filter that is also in `filters` is indexed once (the index keys filters by their spec)

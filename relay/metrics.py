@@ -1,18 +1,21 @@
 """Prometheus metrics of one relay process, served at `GET /metrics` (text format 0.0.4).
 
-How this works: every `Relay` owns a `Metrics` with its own
-`CollectorRegistry` (tests run many relays in one process).  Hot-path
-counters and histograms are bound once (labelled children included), so a
-call site costs one `inc()` or `observe()`.  Values the relay already holds
-(open connections, subscriptions, NIP-77 sessions, slow readers, projector
-refusals, file sizes, per-peer sync state from the `sync_peers` table) are read only when
-scraped, by `_ScrapeCollector`, at no cost in between.
+How this works: every node owns a `Metrics` with its own `CollectorRegistry`
+(tests run many relays in one process).  The counters of what happens
+(EVENTs received and answered, events stored and ephemeral, query seconds,
+write transactions) are its own, bound once (labelled children included),
+so a call site costs one `inc()` or `observe()`.  Values other parts hold
+are read only when scraped, at no cost in between, through the `stats()` of
+the providers given to `watch` and `watch_peers` (the server's connections, subscriptions,
+NIP-77 sessions and closed connections; the projector hook's refusals; each
+configured peer's errors), plus the store's file sizes and its `sync_peers`
+table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -20,11 +23,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from relay.ingest import Outcome
 from relay.protocol.rejection import PREFIXES
 from relay.store.checkpoint import file_bytes, wal_bytes
-from relay.store.projectors.engine import ProjectorHook
+from relay.store.store import Store
 from relay.sync.state import PeerState, read_states
-
-if TYPE_CHECKING:
-    from relay.server.app import Relay
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -34,11 +34,20 @@ disable_created_metrics()
 _QUERY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
+_Stats = TypeVar("_Stats", covariant=True)
+
+
+class Provider(Protocol[_Stats]):
+    """A part that reports its own counts when asked (cheap: called at each scrape, on the event loop)."""
+
+    def stats(self) -> _Stats:
+        """The counts now."""
+
 
 class Metrics:
-    """The metrics of `relay`; call sites use the bound children below (counts of events, seconds)."""
+    """The metrics of one node; call sites use the bound children below (counts of events, seconds)."""
 
-    def __init__(self, relay: Relay) -> None:
+    def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         self.events_received = Counter("relay_events_received", "EVENT messages received from clients", registry=r)
@@ -58,8 +67,17 @@ class Metrics:
         self._commit_seconds = Histogram("relay_writer_commit_seconds", "seconds from BEGIN to COMMIT of one write "
                                          "transaction (as the writer task waits for it)", buckets=_QUERY_BUCKETS,
                                          registry=r)
-        self._scrape = _ScrapeCollector(relay)
+        self._scrape = _ScrapeCollector()
         r.register(self._scrape)
+
+    def watch(self, store: Store, server: Provider[Any], projectors: Provider[Mapping[str, int]] | None) -> None:
+        """Read these at each scrape: `store`'s files and `sync_peers` table, the `server`'s counts (the
+        fields of relay/server/app.py's `ServerStats`), and the refusals per projector (None: no projectors)."""
+        self._scrape.store, self._scrape.server, self._scrape.projectors = store, server, projectors
+
+    def watch_peers(self, sync: Provider[Mapping[str, int]]) -> None:
+        """Read the failed sync attempts per configured peer URL from `sync` at each scrape."""
+        self._scrape.sync = sync
 
     def event_answered(self, outcome: Outcome) -> None:
         """Count an EVENT's OK reply: refusals (OK false) and duplicates (OK true "duplicate: ...") by prefix."""
@@ -73,47 +91,47 @@ class Metrics:
 
     async def render(self) -> bytes:
         """The exposition text; reads the `sync_peers` table first (one short read job)."""
-        store = self._scrape.relay.store
+        store = self._scrape.store
         self._scrape.peers = await store.read_snapshot(read_states) if store is not None else []
         return generate_latest(self.registry)
 
 
 class _ScrapeCollector:
-    """Values read from the relay at scrape time (see the module docstring)."""
+    """Values read from the watched parts at scrape time (see the module docstring)."""
 
-    def __init__(self, relay: Relay) -> None:
-        self.relay = relay
+    def __init__(self) -> None:
+        self.store: Store | None = None
+        self.server: Provider[Any] | None = None
+        self.projectors: Provider[Mapping[str, int]] | None = None
+        self.sync: Provider[Mapping[str, int]] | None = None
         self.peers: list[PeerState] = []
 
     def collect(self) -> Iterator[Metric]:
-        relay = self.relay
-        connections = list(relay.connections)
-        yield GaugeMetricFamily("relay_connections", "open WebSocket connections", value=len(connections))
+        if self.store is None or self.server is None:  # not watching a started node yet
+            return
+        server = self.server.stats()
+        yield GaugeMetricFamily("relay_connections", "open WebSocket connections", value=server.connections)
         yield GaugeMetricFamily("relay_subscriptions", "open REQ subscriptions, all connections",
-                                value=sum(len(c.subscriptions) for c in connections))
+                                value=server.subscriptions)
         yield GaugeMetricFamily("relay_negentropy_sessions", "open NIP-77 (NEG-OPEN) sessions, all connections",
-                                value=sum(len(c.negentropy) for c in connections))
-        held = relay.negentropy.items_held if relay.negentropy is not None else 0
+                                value=server.negentropy_sessions)
         yield GaugeMetricFamily("relay_negentropy_items_held", "items held in memory by NIP-77 sessions "
-                                "answered from a query", value=held)
+                                "answered from a query", value=server.negentropy_items_held)
         yield CounterMetricFamily("relay_slow_readers_disconnected", "connections closed (1008) for not reading "
-                                  "live events or stored results in time", value=relay.slow_readers)
+                                  "live events or stored results in time", value=server.slow_readers)
         yield CounterMetricFamily("relay_keepalive_timeouts", "connections closed (1011) for neither answering a "
-                                  "ping nor reading in time", value=relay.keepalive_timeouts)
+                                  "ping nor reading in time", value=server.keepalive_timeouts)
         yield CounterMetricFamily("relay_connections_refused", "connections closed (1008) at once: their client "
-                                  "IP had rate_limits.ip_connections open", value=relay.connections_refused)
-        if relay.store is not None:
-            size = GaugeMetricFamily("relay_database_bytes", "size of the SQLite files: the database (db) and "
-                                     "its write-ahead log (wal)", labels=["file"])
-            size.add_metric(["db"], file_bytes(relay.store.path))
-            size.add_metric(["wal"], wal_bytes(relay.store.path))
-            yield size
+                                  "IP had rate_limits.ip_connections open", value=server.connections_refused)
+        size = GaugeMetricFamily("relay_database_bytes", "size of the SQLite files: the database (db) and "
+                                 "its write-ahead log (wal)", labels=["file"])
+        size.add_metric(["db"], file_bytes(self.store.path))
+        size.add_metric(["wal"], wal_bytes(self.store.path))
+        yield size
         refusals = CounterMetricFamily("relay_projector_refusals", "events stored but not projected, by projector",
                                        labels=["projector"])
-        for hook in relay.store.hooks if relay.store is not None else ():
-            if isinstance(hook, ProjectorHook):
-                for name, count in sorted(dict(hook.refused).items()):  # a copy: the writer thread adds
-                    refusals.add_metric([name], count)
+        for name, count in sorted(self.projectors.stats().items()) if self.projectors is not None else ():
+            refusals.add_metric([name], count)
         yield refusals
         yield from self._peers()
 
@@ -135,6 +153,6 @@ class _ScrapeCollector:
             events_out.add_metric([state.url], state.events_out)
             success.add_metric([state.url], state.last_success or 0)
             lasting.add_metric([state.url], state.lasting_differences)
-        for peer in self.relay.sync.peers if self.relay.sync is not None else ():
-            errors.add_metric([peer.url], peer.errors)
+        for url, count in self.sync.stats().items() if self.sync is not None else ():
+            errors.add_metric([url], count)
         yield from (events_in, events_out, success, lasting, errors)

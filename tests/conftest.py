@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from relay.config import load_config
-from relay.server.app import Relay
 from tests.helpers import Client, Keys
+from tests.inprocess import Relay
 
 
 def make_config(tmp_path, **sections):

@@ -66,7 +66,7 @@ async def import_into(store, lines: list[bytes]):
     """`import_lines` of JSONL `lines` into `store` through an ingest of its own (default limits, every
     kind); returns the `ImportReport`."""
     from relay.ingest import Ingest
-    from relay.transfer import import_lines
+    from relay.commands.transfer import import_lines
 
     ingest = Ingest(store)
     try:

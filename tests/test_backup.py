@@ -8,7 +8,7 @@ from pathlib import Path
 
 import orjson
 
-from relay.backup import run_backup
+from relay.commands.backup import run_backup
 from tests.conftest import make_config
 from tests.helpers import Client, Keys
 from tests.served import relay_cli_async

@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
-from relay.server.app import Relay
-from relay.status import run_status
+from relay.commands.status import run_status
 from relay.store.projectors.spec import parse_specs
 from relay.sync.state import add_counts, record_error
 from tests.conftest import make_config
 from tests.helpers import Client, Keys
+from tests.inprocess import Relay
 from tests.served import CLI_TIMEOUT, clean_env
 
 CONFIGURED = "ws://configured.example"

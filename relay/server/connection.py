@@ -82,7 +82,7 @@ class Connection:
 
     def __init__(self, ws: ServerConnection, services: ConnectionServices, ip: str, relay_url: str) -> None:
         self._services = services
-        self._log_fields = structlog.contextvars.get_contextvars()  # conn_id, remote: bound by Relay._handle
+        self._log_fields = structlog.contextvars.get_contextvars()  # conn_id, remote: bound by RelayServer._handle
         handlers, limits = services.handlers, services.handlers.limits
         self.wire = Wire(ws)
         self.outbox = Outbox(limits.max_live_queue, limits.max_live_queue_bytes, self.drop_slow_reader)

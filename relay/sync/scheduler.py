@@ -107,6 +107,10 @@ class Scheduler:
             for peer in self.peers:
                 peer.offer(event, origin)
 
+    def stats(self) -> dict[str, int]:
+        """Failed attempts since start, by peer URL (in `[[sync.peers]]` order)."""
+        return {peer.url: peer.errors for peer in self.peers}
+
     async def stop(self) -> None:
         """Cancel the peer tasks (each releases its lease), then close the state connection."""
         for task in self._tasks:

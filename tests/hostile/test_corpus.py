@@ -22,9 +22,9 @@ import pytest
 import pytest_asyncio
 from websockets.exceptions import ConnectionClosed
 
-from relay.server.app import Relay
 from tests.conftest import make_config
 from tests.helpers import Client, Keys
+from tests.inprocess import Relay
 
 MALLORY = Keys(0x3A11)
 _EVENT = MALLORY.sign(content="hostile corpus")

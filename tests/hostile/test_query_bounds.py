@@ -13,10 +13,10 @@ from relay.config import ConfigError
 from relay.protocol.auth import PrivateKinds
 from relay.protocol.event import parse_event
 from relay.protocol.filters import Filter
-from relay.server.app import Relay
 from tests.conftest import make_config
 from tests.helpers import Client
 from tests.hostile.fuzzing import real_events
+from tests.inprocess import Relay
 
 async def _relay_with_events(tmp_path, stored: int = 1000, store: dict | None = None, **limits) -> Relay:
     """A started relay holding the first `stored` real events (written through the store, signatures aside)."""

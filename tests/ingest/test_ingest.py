@@ -25,11 +25,11 @@ from relay.ingest.outcome import (
 from relay.protocol.event import EventLimits
 from relay.protocol.rejection import Rejection
 from relay.protocol.rules import KindRules
-from relay.server.app import Relay
 from relay.store import batch
 from relay.store.store import Store
 from tests.conftest import make_config
 from tests.helpers import Client, Keys, eventually
+from tests.inprocess import Relay
 
 NOW = int(time.time())
 PEER = "ws://peer.example"

@@ -44,7 +44,7 @@ from websockets.exceptions import ConnectionClosed
 
 from relay.config import Config, load_config
 from relay.store.projectors import BUILTIN_PROJECTORS
-from relay.projector_commands import run_verify
+from relay.commands.projectors import run_verify
 from tests.helpers import REAL_EVENTS, Client, Keys, read_jsonl
 from tests.model import expected_live, first_tag
 from tests.served import Served

@@ -13,8 +13,8 @@ import time
 import orjson
 
 from relay.protocol.negentropy import Negentropy, SortedVector
-from relay.server.app import Relay
 from tests.helpers import Client, Keys
+from tests.inprocess import Relay
 from tests.served import nip11
 from tests.server.test_negentropy_server import start  # noqa: F401 (a fixture: start(name, **sections) -> Relay)
 

@@ -9,8 +9,8 @@ import structlog.testing
 import websockets
 
 from tests.conftest import make_config
-from relay.server.app import Relay
 from tests.helpers import Client
+from tests.inprocess import Relay
 
 
 @pytest.mark.parametrize(

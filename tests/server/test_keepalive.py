@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import struct
 
-from relay.server.app import Relay
 from tests.conftest import make_config
 from tests.helpers import Client, raw_websocket, read_until_reset
+from tests.inprocess import Relay
 
 
 def _frames(data: bytes) -> list[tuple[int, bytes]]:

@@ -11,9 +11,9 @@ import pytest
 
 from relay.config import ConfigError
 from relay.protocol import envelopes
-from relay.server.app import Relay
 from tests.conftest import make_config
 from tests.helpers import Client, eventually, non_reader, store_events
+from tests.inprocess import Relay
 
 
 async def test_a_reader_keeping_up_gets_a_commit_larger_than_its_live_queue(tmp_path, alice):

@@ -10,10 +10,10 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from relay.protocol.negentropy import Negentropy, SortedVector
-from relay.server.app import Relay
 from relay.sync.state import add_counts
 from tests.conftest import make_config
 from tests.helpers import Client
+from tests.inprocess import Relay
 from tests.served import free_port
 
 PEER = "ws://peer.example"  # a row in sync_peers that no configured peer writes

@@ -23,9 +23,9 @@ from relay.config import ConfigError, load_config
 from relay.protocol.event import EventLimits, parse_event
 from relay.protocol.filters import parse_filter
 from relay.protocol.negentropy import Negentropy, SortedVector
-from relay.server.app import Relay
 from tests.conftest import make_config
 from tests.helpers import Client, Keys, store_events
+from tests.inprocess import Relay
 from tests.served import nip11
 
 T0 = 1_700_000_000

@@ -14,9 +14,9 @@ import structlog.testing
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Close, Opcode
 
-from relay.server.app import Relay
 from tests.conftest import make_config
 from tests.helpers import Client, Keys, eventually, raw_websocket, read_until_reset, send_masked
+from tests.inprocess import Relay
 from tests.served import Served, clean_env, free_port
 
 PUBLISHERS = 3

@@ -14,10 +14,10 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import Close, Opcode
 from websockets.protocol import State
 
-from relay.server.app import Relay
 from relay.server.wire import websocket
 from tests.conftest import make_config
 from tests.helpers import Client, eventually, non_reader, raw_websocket, send_masked, store_events, tcp_sockets
+from tests.inprocess import Relay
 
 
 async def test_results_past_the_budget_are_refused_and_every_byte_comes_back(tmp_path, alice):

@@ -11,10 +11,10 @@ from pathlib import Path
 import orjson
 
 from relay.config import Config
-from relay.server.app import Relay
 from relay.store.negentropy import check_nodes, indexed_items, recompute
 from tests.conftest import make_config
 from tests.helpers import Client
+from tests.inprocess import Relay
 from tests.store.projectors.common import problems
 from tests.store.test_properties import expected_tag_rows, table_rows
 

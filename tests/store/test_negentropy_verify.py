@@ -8,7 +8,7 @@ import time
 import pytest
 
 from relay.hooks import hooks
-from relay.projector_commands import run_verify
+from relay.commands.projectors import run_verify
 from relay.protocol.event import EventLimits, parse_event
 from relay.store.store import Store
 from tests.conftest import make_config

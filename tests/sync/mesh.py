@@ -25,7 +25,7 @@ from itertools import count
 from pathlib import Path
 
 from relay.config import load_config
-from relay.projector_commands import run_verify
+from relay.commands.projectors import run_verify
 from relay.store.projectors.tables import quote
 from tests.helpers import Client
 from tests.served import START_TIMEOUT, Served, free_port, relay_cli

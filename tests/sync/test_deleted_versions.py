@@ -16,11 +16,11 @@ from pathlib import Path
 
 import structlog
 
-from relay.server.app import Relay
-from relay.status import gather_status, render_status
+from relay.commands.status import gather_status, render_status
 from relay.sync.state import read_states
 from tests.conftest import make_config
 from tests.helpers import eventually
+from tests.inprocess import Relay
 from tests.served import free_port
 from relay.sync.session import NOT_SENT
 from tests.sync.conftest import publish, remote_ids

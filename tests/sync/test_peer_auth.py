@@ -12,10 +12,10 @@ import os
 import sqlite3
 import time
 
-from relay.server.app import Relay
 from relay.keys import NodeKey
 from tests.conftest import make_config
 from tests.helpers import Client, Keys, eventually
+from tests.inprocess import Relay
 from tests.served import free_port
 from tests.server.test_auth import auth_event, closed_or_events, neg_need
 from tests.sync.conftest import stored

@@ -21,7 +21,6 @@ import structlog
 
 from relay.config import load_config
 from relay.protocol.event import parse_event
-from relay.server.app import Relay
 from relay.store import db
 from relay.store.store import Store
 from relay.sync.state import (
@@ -38,6 +37,7 @@ from relay.sync.state import (
 )
 from tests.conftest import make_config
 from tests.helpers import Client, eventually
+from tests.inprocess import Relay
 from tests.served import free_port
 from tests.sync.conftest import notes, publish, remote_ids, seed, speaks_nip77, stored
 from tests.sync.mesh import RelayProcess

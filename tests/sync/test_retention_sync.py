@@ -7,7 +7,7 @@ import time
 from relay.hooks import hooks
 from relay.retention import run_retention
 from relay.store.store import Store
-from relay.sync.command import sync_once
+from relay.commands.sync import sync_once
 from relay.sync.scheduler import sync_options
 from relay.sync.session import EVICTED_HERE
 from tests.helpers import Keys

@@ -18,13 +18,13 @@ from collections import Counter
 import nostr_sdk as sdk
 import pytest
 
-from relay.server.app import Relay
-from relay.sync.command import sync_once
+from relay.commands.sync import sync_once
 from relay.sync.peer import PeerError
 from relay.sync.scheduler import sync_options
 from relay.sync.session import ERROR, GONE_LOCALLY, MISSING, SETTLED, STORED, SyncReport, classify, push_chunk
 from relay.sync.state import read_states
 from tests.helpers import Keys
+from tests.inprocess import Relay
 from tests.served import free_port, relay_cli_async
 from tests.sync.conftest import (
     local_config,

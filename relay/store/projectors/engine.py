@@ -197,6 +197,10 @@ class ProjectorHook:
         # projector name -> events refused since start (metrics); every name from the start, at 0
         self.refused: Counter[str] = Counter({name: 0 for name in names})
 
+    def stats(self) -> dict[str, int]:
+        """Events refused since start, by projector name (a copy: the writer thread adds to `refused`)."""
+        return dict(self.refused)
+
     # ---------------------------------------------------------------- start-up
 
     def setup(self, conn: sqlite3.Connection) -> None:

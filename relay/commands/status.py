@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from relay.config import Config
-from relay.projector_commands import projector_states
+from relay.commands.projectors import projector_states
 from relay.store.checkpoint import file_bytes, wal_bytes
 from relay.sync.state import read_states
 

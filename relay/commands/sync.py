@@ -10,11 +10,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from relay.config import Config
 from relay.ingest import Ingest
+from relay.keys import NodeKeyError
+from relay.node import open_store
 from relay.protocol.envelopes import loads
 from relay.protocol.filters import parse_filter
 from relay.protocol.rejection import Rejection
-from relay.store.store import Store
-from relay.keys import NodeKeyError
 from relay.sync.peer import PeerConnection, PeerError
 from relay.sync.scheduler import max_frame_bytes, node_key, sync_options
 from relay.sync.session import DIRECTIONS, Intake, SyncOptions, SyncReport, sync_with_peer
@@ -51,10 +51,8 @@ async def sync_once(config: Config, url: str, filter_obj: dict, options: SyncOpt
         LeaseBusy: another process is syncing this peer on the same database.
         NodeKeyError: the node key file cannot be created or read.
     """
-    from relay.hooks import hooks  # transaction hooks (projectors, negentropy index): every writer must run them
-
     key = node_key(config)
-    store = await Store.open(config.store.path, config.store.options(2, config.server.public_url), hooks(config))
+    store = await open_store(config, read_connections=2)
     states = await PeerStates.open(config.store.path)
     ingest = Ingest.from_config(config, store)
     report = SyncReport() if report is None else report

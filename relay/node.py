@@ -1,0 +1,237 @@
+"""The node: the one place that builds the parts of a relay process and wires them together.
+
+`open_store(config)` opens the store with the transaction hooks the
+configuration asks for (relay/hooks.py), for `relay serve` and every
+offline command that writes: no other module calls `Store.open` with hooks,
+so no writer can forget them (derived tables written without their hook
+would no longer agree with the events; `relay verify` tells).
+
+`Node` builds, in order: metrics, the store, the ingest path with its one
+signature pool, the server (relay/server/), the background tasks (expiry
+purge, retention, memory trim) and peer sync (relay/sync/); each commit is
+counted and fanned out to live subscriptions, then offered to peers.
+`run(config)` is `relay serve`: it also owns the process tuning (malloc, GC,
+switch interval) and stops on SIGINT/SIGTERM or when the writer fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import gc
+import signal
+import sys
+from collections.abc import Callable
+from http import HTTPStatus
+
+import structlog
+
+from relay.config import Config
+from relay.hooks import hooks
+from relay.ingest import Ingest
+from relay.metrics import CONTENT_TYPE, Metrics
+from relay.protocol.event import Event
+from relay.retention import is_configured, retention_forever
+from relay.server.app import RelayServer
+from relay.server.wire.http import HttpRequest, HttpResponse
+from relay.store.projectors.engine import ProjectorHook
+from relay.store.store import Store
+from relay.store.writes import Changes
+from relay.sync.scheduler import Scheduler, start_sync
+
+log = structlog.get_logger(__name__)
+
+_SWITCH_INTERVAL_SECONDS = 0.0005
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+_MMAP_THRESHOLD_BYTES = 1_048_576
+
+
+async def open_store(config: Config, read_connections: int | None = None) -> Store:
+    """The store of `config` (`[store] path`), with its transaction hooks, for writing.
+
+    `read_connections` overrides `[store] read_connections` (offline commands
+    need one or two).  Each hook's `setup` runs here: a projector that is new
+    or changed is rebuilt first, which can take a while on a large store.
+    """
+    s = config.store
+    return await Store.open(s.path, s.options(read_connections, config.server.public_url), hooks(config))
+
+
+class Node:
+    """One relay process: `await start()`, then `await stop()`; the parts are attributes once started.
+
+    `store`, `ingest` (every event's way in, relay/ingest/), `server` (the
+    port, relay/server/app.py), `sync` (the `[[sync.peers]]` scheduler, None
+    without peers), `metrics` (served at /metrics).
+    """
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.store: Store | None = None
+        self.ingest: Ingest | None = None
+        self.server: RelayServer | None = None
+        self.sync: Scheduler | None = None
+        self._background: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        """Open the store, start serving on `config.server` (port 0: any free port), then start peer sync.
+
+        Raises:
+            OSError: the address cannot be bound (the store is closed again).
+            NodeKeyError: the node key cannot be created or read while peers are configured.
+        """
+        config = self.config
+        self.store = store = await open_store(config)
+        store.add_listener(self._on_commit)
+        store.on_batch = self.metrics.writer_batch
+        self.ingest = Ingest.from_config(config, store, self._ephemeral)
+        self.server = RelayServer(config, store, self.ingest, self.metrics, self._metrics_page)
+        try:
+            await self.server.listen()
+        except OSError:
+            # e.g. the port is taken: release the store's threads, or the process cannot exit.
+            await store.close()
+            self.ingest.close()
+            raise
+        self._background = [asyncio.create_task(self._purge_expired_forever(), name="expiry-purge")]
+        if (trim := _libc("malloc_trim")) is not None and config.server.memory_trim_seconds > 0:
+            self._background.append(asyncio.create_task(
+                _trim_memory_forever(trim, config.server.memory_trim_seconds), name="memory-trim"))
+        if is_configured(config):
+            self._background.append(asyncio.create_task(retention_forever(store, config), name="retention"))
+        log.info("relay_started", url=self.url, db=str(config.store.path))
+        projectors = next((h for h in store.hooks if isinstance(h, ProjectorHook)), None)
+        self.metrics.watch(store, self.server, projectors)
+        self.sync = await start_sync(config, store, self.ingest)
+        if self.sync is not None:
+            self.metrics.watch_peers(self.sync)
+
+    @property
+    def port(self) -> int:
+        """The TCP port actually bound."""
+        assert self.server is not None
+        return self.server.port
+
+    @property
+    def url(self) -> str:
+        """ws://host:port of this relay."""
+        assert self.server is not None
+        return self.server.url
+
+    async def stop(self) -> None:
+        """Graceful shutdown within `server.shutdown_timeout_seconds`, then close the store.
+
+        Peer sync stops first (it releases its leases and stops writing), then
+        the server drains and closes its connections (`RelayServer.close`);
+        the store then commits whatever is still queued (peer sync, stragglers).
+        """
+        timeout = self.config.server.shutdown_timeout_seconds
+        deadline = asyncio.get_running_loop().time() + timeout
+        for task in self._background:
+            task.cancel()
+        if self.sync is not None:
+            await self.server.within(deadline, self.sync.stop(), "sync", timeout)
+        if self.server is not None:
+            await self.server.close(deadline)
+        if self.store is not None:
+            await self.store.close()
+        if self.ingest is not None:
+            self.ingest.close()
+        log.info("relay_stopped")
+
+    async def _metrics_page(self, request: HttpRequest) -> HttpResponse:
+        return HttpResponse(HTTPStatus.OK, await self.metrics.render(), CONTENT_TYPE)
+
+    def _ephemeral(self, event: Event) -> None:
+        """An ephemeral event accepted from a client: fanned out, never stored (NIP-01)."""
+        self.metrics.events_ephemeral.inc()
+        self.server.fanout([event])
+
+    def _on_commit(self, changes: Changes) -> None:
+        self.metrics.events_stored.inc(len(changes.inserted))
+        self.server.fanout(changes.inserted)
+
+    async def _purge_expired_forever(self) -> None:
+        """Every `store.expiry_purge_interval_seconds`, remove expired events (NIP-40) in batches until none is left."""
+        store = self.store
+        while True:
+            await asyncio.sleep(self.config.store.expiry_purge_interval_seconds)
+            try:
+                while await store.purge_expired() >= store.options.purge_batch:
+                    pass
+            except Exception as exc:  # the one place this task catches: log, try again next interval
+                log.error("expiry_purge_failed", error=repr(exc), exc_info=exc)
+
+
+def _unmap_large_blocks_when_freed() -> None:
+    """Blocks of 1 MiB and more (a large REQ answer on its way) get pages of their own, unmapped when freed.
+
+    glibc raises this threshold after each such block is freed (up to 32 MiB) and then keeps later ones in
+    heaps it seldom gives back: after 100 concurrent REQs for 16 MiB answers, the relay stayed about 80 MB
+    larger once its clients had gone (bench/big_answers.py).  Setting the threshold stops that adjustment;
+    the price is fresh pages for each such block (those rounds took 2.8-3.0 s instead of 1.9-2.2 s).
+    Nothing happens where the C library has no `mallopt`.
+    """
+    if (mallopt := _libc("mallopt")) is not None:
+        mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
+
+
+def _libc(name: str) -> Callable | None:
+    """The C library's function `name` (glibc's `mallopt`, `malloc_trim`), or None where it has none."""
+    try:
+        return getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):
+        return None
+
+
+async def _trim_memory_forever(trim: Callable[[int], int], seconds: float) -> None:
+    """Every `seconds`, hand the heap memory freed since back to the OS (`trim(0)`, on a worker thread).
+
+    glibc keeps freed blocks under 1 MiB in its heaps: after 10 non-reading subscribers were sent 300
+    events of 100 kB (and dropped), the relay stayed at 351 MB, then 435, 475 and 511 MB over three more
+    rounds, with 16 MB of live Python objects; trimmed, 95-130 MB. A trim took 27-35 ms after such a round
+    and under 1 ms otherwise; ctypes lets go of the GIL meanwhile.
+    """
+    while True:
+        await asyncio.sleep(seconds)
+        await asyncio.to_thread(trim, 0)
+
+
+def _tune_after_start() -> None:
+    """Process settings for a node that has started (`relay serve` only: tests share their process)."""
+    # Start-up objects never die: keep them out of GC passes, and collect the
+    # young generation less often (every event allocates a few containers).
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
+    # The writer and verifier threads drop the GIL inside SQLite and secp256k1;
+    # a short switch interval lets them take it back without waiting 5 ms.
+    sys.setswitchinterval(_SWITCH_INTERVAL_SECONDS)
+
+
+async def run(config: Config) -> int:
+    """`relay serve`: serve until SIGINT/SIGTERM or until the store fails; returns the process exit code."""
+    # Handlers first: a signal during start-up (peers being set up after /health answers) must
+    # still end in a clean stop, not kill the process.
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    _unmap_large_blocks_when_freed()
+    node = Node(config)
+    try:
+        await node.start()
+    except OSError as exc:
+        log.error("listen_failed", host=config.server.host, port=config.server.port, error=str(exc))
+        return 1
+    _tune_after_start()
+    stopped = asyncio.create_task(stop.wait())
+    writer = node.store.writer_task
+    done, _ = await asyncio.wait({stopped, writer}, return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    if writer in done:
+        log.error("store_failed", error=repr(writer.exception()))
+        code = 1
+    stopped.cancel()
+    await node.stop()
+    return code
