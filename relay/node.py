@@ -29,6 +29,7 @@ import structlog
 from relay.config import Config
 from relay.hooks import hooks
 from relay.ingest import Ingest
+from relay.keys import NodeKeyError
 from relay.metrics import CONTENT_TYPE, Metrics
 from relay.protocol.event import Event
 from relay.retention import is_configured, retention_forever
@@ -224,6 +225,10 @@ async def run(config: Config) -> int:
     except OSError as exc:
         log.error("listen_failed", host=config.server.host, port=config.server.port, error=str(exc))
         return 1
+    except NodeKeyError as exc:  # peers configured, but no key to answer their AUTH with: as a bad config
+        log.error("node_key_unavailable", error=str(exc))
+        await node.stop()
+        return 2
     _tune_after_start()
     stopped = asyncio.create_task(stop.wait())
     writer = node.store.writer_task

@@ -557,3 +557,16 @@ def test_shipped_config_lists_every_key():
         assert section.name in data, f"[{section.name}] missing from {REPO_CONFIG}"
         expected = {f.name for f in dataclasses.fields(section.default_factory)}
         assert set(data[section.name]) == expected, section.name
+
+
+def test_serve_with_peers_and_an_unreadable_node_key_exits_2_naming_it(tmp_path):
+    """`relay serve` with [[sync.peers]] and a key file holding no key: exit 2, logged with the file's path; no
+    traceback (found by a walkthrough: it died with NodeKeyError and exit 1)."""
+    key = tmp_path / "node.key"
+    key.write_text("not a key\n")
+    config = tmp_path / "peers.toml"
+    config.write_text(f'[sync]\nsecret_key_file = "{key}"\n[[sync.peers]]\nurl = "ws://127.0.0.1:9"\n')
+    result = relay_cli("serve", "--config", config, "--db", tmp_path / "k.db", "--port", 0)
+    assert result.returncode == 2, result.stderr
+    assert "node_key_unavailable" in result.stderr and str(key) in result.stderr
+    assert "Traceback" not in result.stderr

@@ -298,11 +298,12 @@ class PeerSync:
             while self._incoming:
                 batch = self._incoming[:self.config.fetch_batch]
                 del self._incoming[:len(batch)]
-                for outcome, message in await self.intake.accept(batch, in_filter):
+                for obj, (outcome, message) in zip(batch, await self.intake.accept(batch, in_filter)):
                     if outcome == STORED:
                         self.events_in += 1
                     elif outcome == ERROR:
-                        log.warning("sync_live_event_refused", peer=self.url, message=message)
+                        log.warning("sync_live_event_refused", peer=self.url, message=message,
+                                    event_id=obj.get("id") if type(obj) is dict else None)
 
     async def _push_live(self, conn: PeerConnection) -> None:
         """Send newly stored events to the peer in writes of up to `push_chunk`, at most `push_in_flight` awaiting OK."""

@@ -87,7 +87,16 @@ def holder_is_gone(holder: str, owner: str) -> bool:
         return True
     except PermissionError:  # it runs, as another user
         return False
-    return False
+    return _is_zombie(int(pid))
+
+
+def _is_zombie(pid: int) -> bool:
+    # A killed process not yet reaped by its parent still answers kill(0) (for seconds, where pid 1 is slow).
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # gone meanwhile, or no /proc: not known to be a zombie
+        return False
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]
 
 
 def acquire_lease(conn: sqlite3.Connection, url: str, owner: str, now: float, seconds: float) -> bool:

@@ -276,20 +276,28 @@ def test_lease_is_held_by_one_process_at_a_time(tmp_path):
 
 
 def test_a_lease_whose_holder_died_on_this_host_is_taken_at_once(tmp_path):
-    """A holder named "host:pid:random" with our host and a pid that no longer runs (a SIGKILLed relay) or our own
+    """A holder named "host:pid:random" with our host and a pid that no longer runs (a SIGKILLed relay, reaped or
+    not yet: a zombie held the lease 29-41 s in a walkthrough) or our own
     pid from another process (a restarted container's pid 1) is taken over before its lease expires; a holder
     that runs, of another host, or made by this process is not."""
     conn = _migrated(tmp_path / "lease.db")
     host = socket.gethostname()
     dead = subprocess.Popen([sys.executable, "-c", ""])
     dead.wait()
+    zombie = subprocess.Popen([sys.executable, "-c", ""])  # ended, not reaped (yet): still answers kill(0)
+    for _ in range(500):  # up to 5 s for it to end
+        if Path(f"/proc/{zombie.pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z":
+            break
+        time.sleep(0.01)
     ours = new_owner()
-    cases = [(f"{host}:{dead.pid}:0001", True), (f"{host}:{os.getpid()}:0002", True),
+    cases = [(f"{host}:{dead.pid}:0001", True), (f"{host}:{zombie.pid}:0005", True),
+             (f"{host}:{os.getpid()}:0002", True),
              (f"{host}:{os.getppid()}:0003", False), (f"other-host:{dead.pid}:0004", False), (new_owner(), False)]
     for n, (holder, taken) in enumerate(cases):
         url = f"ws://peer{n}.example"
         assert acquire_lease(conn, url, holder, now=1000.0, seconds=60)
         assert acquire_lease(conn, url, ours, now=1001.0, seconds=60) is taken, holder
+    zombie.wait()
 
 
 def test_counts_and_errors_accumulate_per_peer(tmp_path):
