@@ -103,6 +103,19 @@ def test_a_request_that_is_not_http_1_1_is_refused_without_quoting_it(request_by
     assert decision.body == f"{status.phrase}\n".encode()
 
 
+@pytest.mark.parametrize("request_bytes, status", [
+    (b"GET /health?" + b"q" * 70_000 + b" HTTP/1.1\r\nHost: a\r\n\r\n", HTTPStatus.REQUEST_URI_TOO_LONG),
+    (b"GET /health HTTP/1.1\r\nHost: a\r\nX: " + b"y" * 9_000 + b"\r\n\r\n",
+     HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE),
+    (b"GET /health HTTP/1.1\r\nHost: a\r\n" + b"X: y\r\n" * 2_000 + b"\r\n", HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE),
+], ids=["long-line", "long-header", "many-headers"])
+def test_a_routed_request_is_held_to_the_bounds_websockets_applies_to_the_rest(request_bytes, status):
+    """A request line or header line over websockets' MAX_LINE_LENGTH, or more than MAX_NUM_HEADERS fields: 414
+    or 431 on a routed path too, as before the reader (a walkthrough saw 200 for 70 kB lines and 2,000 headers)."""
+    _, decision = _feed(request_bytes)
+    assert type(decision) is HttpResponse and decision.status == status
+
+
 def test_a_request_cut_short_goes_to_websockets_unless_it_is_a_routes():
     """EOF before the request is read: websockets ends it as it always did; within a route's body: 400."""
     reader, _ = _feed(b"GET /health HTTP/1.1\r\nHo")

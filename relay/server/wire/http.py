@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 import h11
 from websockets.datastructures import Headers
-from websockets.http11 import Response
+from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS, Response
 
 MAX_HEADER_BYTES = 65_536
 """Bytes of an unfinished request line and header fields held at most: past them, 431."""
@@ -189,6 +189,12 @@ class RequestReader:
     def _route(self, event: h11.Request) -> Decision | None:
         headers = tuple((name.decode("latin-1"), value.decode("latin-1")) for name, value in event.headers)
         method, target = event.method.decode("ascii"), event.target.decode("ascii")
+        # websockets' own bounds, as for a request handed to it: h11's only bound is the whole header block.
+        if len(method) + len(target) + len(" HTTP/1.1") > MAX_LINE_LENGTH:
+            return _plain(HTTPStatus.REQUEST_URI_TOO_LONG, HTTPStatus.REQUEST_URI_TOO_LONG.phrase)
+        if len(headers) > MAX_NUM_HEADERS or any(len(n) + len(v) + 2 > MAX_LINE_LENGTH for n, v in headers):
+            status = HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE
+            return _plain(status, status.phrase)
         request = HttpRequest(method, route_path(target), target, headers)
         route = self._routes.find(request)
         if route is None:
