@@ -42,12 +42,6 @@ class Source:
     rate: Callable[[], bool] | None = None
     fans_out_ephemeral: bool = False
 
-    @property
-    def refuses_evicted(self) -> bool:
-        """Whether an id that retention removed here is refused (EVICTED): for an event with an origin,
-        as the store decides it (relay/store/batch.py), so that sync never brings it back."""
-        return bool(self.origin)
-
     @classmethod
     def client(cls, may_publish: Callable[[Event], None] | None = None, rate: Callable[[], bool] | None = None,
                peer: str = "") -> Source:

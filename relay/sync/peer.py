@@ -24,6 +24,7 @@ connection is lost.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import itertools
 import urllib.error
 import urllib.request
@@ -101,7 +102,7 @@ def _fetch_information(url: str, timeout_seconds: float) -> dict:
     try:
         with urllib.request.urlopen(request, timeout=timeout_seconds) as response:
             document = orjson.loads(response.read(_INFORMATION_BYTES))
-    except (OSError, ValueError):  # URLError and HTTPError are OSErrors, JSON errors ValueErrors
+    except (OSError, ValueError, http.client.HTTPException):  # URLError, HTTPError: OSErrors; bad JSON: ValueError
         return {}
     return document if isinstance(document, dict) else {}
 

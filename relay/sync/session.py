@@ -17,8 +17,9 @@ Fetching first means an older version we hold is not pushed when the
 peer's newer one has just replaced it here.
 
 A needed event refused here because we hold a newer version that was
-deleted (DESIGN.md, invariant 5) would stay a difference for ever: last,
-the deletion and the deleted version are sent to the peer
+deleted (DESIGN.md, invariant 5) would stay a difference for ever: last
+(direction both: the older version is seen by fetching it, and answered by
+pushing), the deletion and the deleted version are sent to the peer
 (relay/store/evidence.py), which then drops its older version too.
 
 Replies that mean "the peer (or we) already settled this" are not errors
@@ -126,7 +127,8 @@ class SyncReport:
 
     def summary(self) -> str:
         """One line: have, need, fetched, pushed, settled, errors."""
-        evidence = f", deleted versions sent {sum(self.evidence.values())}" if self.evidence else ""
+        sent = sum(n for answer, n in self.evidence.items() if answer != NOT_SENT)
+        evidence = f", deleted versions sent {sent}" if sent else ""
         return (f"have {self.have}, need {self.need}, fetched {self.fetched}, pushed {self.pushed}, "
                 f"settled {sum(self.settled.values())}, errors {sum(self.errors.values())}{evidence} "
                 f"({self.rounds} rounds, {self.seconds:.1f} s)")

@@ -80,11 +80,6 @@ class Wire:
         self.recv: Callable[[], Awaitable[bytes]] = partial(ws.recv, decode=False)  # no wrapper per message
         self._written = 0  # bytes of frames given to the transport (`taken_bytes` where TCP_INFO is missing)
 
-    @property
-    def close_code(self) -> int | None:
-        """The WebSocket close code once closed (RFC 6455 section 7.1.5), else None."""
-        return self.ws.close_code
-
     def unsent_bytes(self) -> int:
         """Bytes written to this socket that the kernel has not taken yet (the transport's buffer)."""
         return self.ws.transport.get_write_buffer_size()
