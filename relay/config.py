@@ -32,7 +32,7 @@ from relay.store.projectors.spec import ProjectorSpec, SpecError, parse_specs  #
 from relay.store.store import StoreOptions
 
 ENV_PREFIX = "RELAY_"
-_MIN_FRAME_SIZE_LIMIT = 4096
+MIN_FRAME_SIZE_LIMIT = 4096
 """relay.protocol.negentropy's smallest frame size limit, in bytes (not imported: it loads numpy at start-up)."""
 
 
@@ -285,7 +285,7 @@ class SyncConfig:
                                    "store.path", restart=True)
     interval_seconds: float = key(300.0, "time between full reconciliations with each configured peer",
                                   unit="seconds", min=0.1)
-    frame_size_limit: int = key(60_000, "bytes per negentropy message we send", unit="bytes", min=_MIN_FRAME_SIZE_LIMIT)
+    frame_size_limit: int = key(60_000, "bytes per negentropy message we send", unit="bytes", min=MIN_FRAME_SIZE_LIMIT)
     fetch_batch: int = key(500, "event ids per REQ when fetching what we lack", unit="ids", min=1)
     fetch_in_flight: int = key(2, "fetch REQs awaiting their EOSE at once", unit="REQs", min=1)
     push_in_flight: int = key(500, "EVENTs sent to a peer awaiting their OK at once", unit="EVENTs", min=1)
@@ -336,7 +336,7 @@ class NegentropyConfig:
 
     enabled: bool = key(True, "answer NEG-* and keep the index")
     frame_size_limit: int = key(500_000, "bytes per negentropy message we send", unit="bytes",
-                                min=_MIN_FRAME_SIZE_LIMIT)
+                                min=MIN_FRAME_SIZE_LIMIT)
     max_sync_events: int = key(1_000_000, "events at most in one NEG-OPEN answered from a query", unit="events")
     max_session_items: int = key(4_000_000, "items held in memory by all open NEG-OPEN sessions together",
                                  unit="items")

@@ -8,7 +8,7 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
-from relay.config import Config
+from relay.config import MIN_FRAME_SIZE_LIMIT, Config
 from relay.ingest import Ingest
 from relay.keys import NodeKeyError
 from relay.node import open_store
@@ -115,8 +115,8 @@ async def run_sync(config: Config, url: str, filter_json: str, direction: str, f
     if direction not in DIRECTIONS:
         print(f"relay sync: --dir must be one of {', '.join(DIRECTIONS)}", file=sys.stderr)
         return EXIT_USAGE
-    if frame_size is not None and frame_size < 4096:
-        print("relay sync: --frame-size must be at least 4096 bytes", file=sys.stderr)
+    if frame_size is not None and frame_size < MIN_FRAME_SIZE_LIMIT:
+        print(f"relay sync: --frame-size must be at least {MIN_FRAME_SIZE_LIMIT} bytes", file=sys.stderr)
         return EXIT_USAGE
     try:
         filter_obj = parse_sync_filter(filter_json)

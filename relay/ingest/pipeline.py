@@ -36,7 +36,7 @@ from relay.ingest.source import Source
 from relay.ingest.verifier import Verifier
 from relay.protocol import rules
 from relay.protocol.envelopes import loads
-from relay.protocol.event import Event, EventLimits, is_ephemeral, parse_event
+from relay.protocol.event import Event, EventLimits, event_ref, is_ephemeral, parse_event
 from relay.protocol.rejection import Rejection
 from relay.store.store import Store
 
@@ -88,7 +88,7 @@ class Ingest:
             done(Outcome.refused(rejection))
             return None
         except Exception as exc:
-            done(_internal(exc, obj.get("id") if type(obj) is dict else None))
+            done(_internal(exc, event_ref(obj)))
             return None
         self.verifier.verify(event, partial(self._verified, event, source, done))
         return event

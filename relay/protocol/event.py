@@ -158,6 +158,16 @@ def _expiration(tags: list) -> int | None:
     return int(value)
 
 
+RAW_ID = slice(7, 71)
+"""Where the id sits in `Event.raw` (bytes): `{"id":"<64 hex>",...`, the first key of our serialization."""
+
+
+def event_ref(obj: object) -> object:
+    """The `id` field of a JSON event object as received (any type, unchecked), or None when it is no object:
+    what an OK, a log line or an internal error names before the event is parsed."""
+    return obj.get("id") if type(obj) is dict else None
+
+
 def serialize_for_id(pubkey: str, created_at: int, kind: int, tags: list, content: str) -> bytes:
     """The NIP-01 id preimage `[0,pubkey,created_at,kind,tags,content]` as UTF-8.
 

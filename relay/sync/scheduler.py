@@ -37,7 +37,7 @@ import structlog
 
 from relay.config import Config, PeerConfig
 from relay.ingest import Ingest
-from relay.protocol.event import Event
+from relay.protocol.event import Event, event_ref
 from relay.protocol.filters import Filter, parse_filter
 from relay.protocol.rejection import invalid
 from relay.store.store import Store
@@ -303,7 +303,7 @@ class PeerSync:
                         self.events_in += 1
                     elif outcome == ERROR:
                         log.warning("sync_live_event_refused", peer=self.url, message=message,
-                                    event_id=obj.get("id") if type(obj) is dict else None)
+                                    event_id=event_ref(obj))
 
     async def _push_live(self, conn: PeerConnection) -> None:
         """Send newly stored events to the peer in writes of up to `push_chunk`, at most `push_in_flight` awaiting OK."""

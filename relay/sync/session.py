@@ -41,7 +41,7 @@ import structlog
 
 from relay.ingest import Ingest, Outcome, Source
 from relay.ingest.outcome import DELETED, DUPLICATE, EPHEMERAL, EVICTED, EXPIRED, NEWER_VERSION, VANISHED
-from relay.protocol.event import Event
+from relay.protocol.event import RAW_ID, Event
 from relay.protocol.filters import Filter, parse_filter
 from relay.protocol.information import keeps_deletion_marks
 from relay.protocol.negentropy import Negentropy, SortedVector
@@ -63,7 +63,6 @@ EVICTED_HERE = "evicted: removed here by retention, not fetched back"
 SETTLED_HERE = frozenset({DUPLICATE, NEWER_VERSION, DELETED, VANISHED, EVICTED, EXPIRED, EPHEMERAL})
 """Our own outcomes that settle a fetched event: held here already, or never to be."""
 LASTING_CAP = 10_000  # differences remembered from one run to the next (a catch-up run has more: not compared)
-_ID_SLICE = slice(7, 71)  # the id inside our canonical JSON: {"id":"<64 hex>",...
 
 
 @dataclass(frozen=True)
@@ -328,12 +327,12 @@ async def _send_evidence(conn: PeerConnection, store: Store, older: list[Event],
     if not keeps_deletion_marks(await conn.information()):  # it might store the deleted version and serve it
         report.evidence[NOT_SENT] += len(pairs)
         return
-    deletions = {raw[_ID_SLICE].decode(): raw for raw, _ in pairs}
+    deletions = {raw[RAW_ID].decode(): raw for raw, _ in pairs}
     answers: dict[str, tuple[bool, str]] = {}
     await conn.publish_many(list(deletions.items()), lambda i, accepted, message: answers.__setitem__(
         i, (accepted, message)))
     held = {i for i, (accepted, message) in answers.items() if classify(accepted, message)[0] != ERROR}
-    versions = [(raw[_ID_SLICE].decode(), raw) for deletion, raw in pairs if deletion[_ID_SLICE].decode() in held]
+    versions = [(raw[RAW_ID].decode(), raw) for deletion, raw in pairs if deletion[RAW_ID].decode() in held]
 
     def on_answer(event_id: str, accepted: bool, message: str) -> None:
         report.evidence[classify(accepted, message)[1]] += 1
@@ -360,7 +359,7 @@ async def _push(conn: PeerConnection, store: Store, ids: list[bytes], options: S
     async def push_chunk_of(raws: list[bytes]) -> None:
         try:
             # Counted per answer: a chunk cut short by a lost connection still counts what the peer took.
-            await conn.publish_many([(raw[_ID_SLICE].decode(), raw) for raw in raws], on_answer)
+            await conn.publish_many([(raw[RAW_ID].decode(), raw) for raw in raws], on_answer)
             progress(report)
         except PeerError as exc:
             failures.append(exc)

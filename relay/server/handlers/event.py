@@ -14,6 +14,7 @@ from functools import partial
 
 from relay.ingest import Outcome
 from relay.protocol.envelopes import EventEnvelope, encode_notice, encode_ok
+from relay.protocol.event import event_ref
 from relay.server.handlers.context import Context
 
 
@@ -41,7 +42,7 @@ async def handle_event(ctx: Context, envelope: EventEnvelope) -> None:
 
 def _check(ctx: Context, obj: object) -> None:
     ctx.services.metrics.events_received.inc()
-    ref = obj.get("id") if type(obj) is dict else None
+    ref = event_ref(obj)
     ctx.services.ingest.submit(obj, ctx.source, partial(_answer, ctx, ref))
 
 

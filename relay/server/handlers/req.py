@@ -18,13 +18,13 @@ import asyncio
 from websockets.exceptions import ConnectionClosed
 
 from relay.protocol.envelopes import CloseEnvelope, ReqEnvelope, encode_closed, encode_eose, encode_event
+from relay.protocol.event import RAW_ID
 from relay.server.budget import ByteBudget
 from relay.server.handlers.context import Context
 from relay.server.outbox import RateWindow, chunks, stored_results_refusal
 from relay.server.ratelimit import REQS
 from relay.server.subscriptions import LiveSubscription
 
-_ID_SLICE = slice(7, 71)  # the id inside our canonical JSON: {"id":"<64 hex>",...
 
 
 class _StalledReader(Exception):
@@ -106,7 +106,7 @@ async def _send_stored(ctx: Context, sub_id: str, stored: list[bytes], budget: B
         raise refusal
     budget.take(held)
     try:
-        sent = {raw[_ID_SLICE] for raw in stored}
+        sent = {raw[RAW_ID] for raw in stored}
         # One rate window over the whole answer: one chunk may take less than a window.
         min_rate = limits.stored_results_min_bytes_per_second
         window = RateWindow(limits.stored_results_timeout_seconds, min_rate) if min_rate else None
