@@ -87,7 +87,8 @@ def run_verify(config: Config) -> int:
     print(f"relay verify: {len(checks) - bad} of {len(checks)} projected tables agree with the events"
           + ("" if not bad else f"; {bad} do not"))
     indexes_ok = _print_index_checks(index_checks)
-    return 1 if bad or not indexes_ok or not print_search_check(search_check, config) else 0
+    search_ok = print_search_check(search_check, config)
+    return 1 if bad or not indexes_ok or not search_ok else 0
 
 
 def _print_index_checks(checks: list[IndexCheck]) -> bool:

@@ -36,8 +36,12 @@ class Term:
     prefix: bool = False
 
     def quoted(self) -> str:
-        """The term as an FTS5 string: in double quotes (inner ones doubled), `*` after it for a prefix."""
-        return '"' + self.text.replace('"', '""') + '"' + (" *" if self.prefix else "")
+        """The term as an FTS5 string: in double quotes (inner ones doubled), `*` after it for a prefix.
+
+        NUL would end FTS5's reading of the query: it becomes a space, which
+        separates tokens as NUL does in the indexed text.
+        """
+        return '"' + self.text.replace('"', '""').replace("\x00", " ") + '"' + (" *" if self.prefix else "")
 
 
 @dataclass(frozen=True, slots=True)
