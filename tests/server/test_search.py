@@ -7,26 +7,8 @@ import asyncio
 
 import pytest
 
-from tests.conftest import make_config
 from tests.helpers import Client
-from tests.inprocess import Relay
 from tests.served import nip11
-
-
-@pytest.fixture
-async def relay_with(tmp_path):
-    """Start relays with config sections overridden (search={...}, limits={...}); stopped after the test."""
-    started = []
-
-    async def start(**sections) -> Relay:
-        relay = Relay(make_config(tmp_path / str(len(started)), **sections))
-        await relay.start()
-        started.append(relay)
-        return relay
-
-    yield start
-    for relay in started:
-        await relay.stop()
 
 
 async def answer(client: Client, message: list) -> list:
@@ -48,9 +30,9 @@ async def test_req_and_count_answer_a_search(client, alice):
     ("x" * 33, "invalid: search is longer than 32 bytes"),
     (["tea"], "invalid: search must be a string"),
 ])
-async def test_bad_search_is_closed_with_invalid(relay_with, search, reason):
+async def test_bad_search_is_closed_with_invalid(start, search, reason):
     """An empty search, one over limits.max_search_bytes or not a string: CLOSED "invalid:", for REQ and COUNT."""
-    relay = await relay_with(limits={"max_search_bytes": 32})
+    relay = await start(limits={"max_search_bytes": 32})
     client = await Client.connect(relay.url)
     try:
         assert await answer(client, ["REQ", "s", {"search": search}]) == ["CLOSED", "s", reason]
@@ -93,10 +75,10 @@ async def test_neg_open_with_a_search_gets_neg_err_blocked(client):
     assert reply[:2] == ["NEG-ERR", "n"] and reply[2].startswith("blocked: ")
 
 
-async def test_supported_nips_lists_50_only_while_search_is_enabled(relay_with):
+async def test_supported_nips_lists_50_only_while_search_is_enabled(start):
     """NIP-11 lists 50 with [search] enabled; disabled, 50 is gone and a search filter is CLOSED "blocked:"."""
-    assert 50 in (await nip11(await relay_with()))["supported_nips"]
-    off = await relay_with(search={"enabled": False})
+    assert 50 in (await nip11(await start("on")))["supported_nips"]
+    off = await start("off", search={"enabled": False})
     assert 50 not in (await nip11(off))["supported_nips"]
     client = await Client.connect(off.url)
     try:

@@ -12,10 +12,10 @@ text is parsed in relay/protocol/search.py.
 
 from relay.store.search.index import TABLE, DropSearchIndex, SearchIndex
 from relay.store.search.live import LiveSearch
-from relay.store.search.verify import SearchCheck, verify_search
+from relay.store.search.verify import verify_search
 
 DEFAULT_SEARCH_KINDS = (0, 1, 30023)
 """`[search] kinds` by default: profiles (NIP-01 kind 0), notes (kind 1), long-form articles (NIP-23)."""
 
-__all__ = ["DEFAULT_SEARCH_KINDS", "TABLE", "DropSearchIndex", "LiveSearch", "SearchCheck", "SearchIndex",
+__all__ = ["DEFAULT_SEARCH_KINDS", "TABLE", "DropSearchIndex", "LiveSearch", "SearchIndex",
            "verify_search"]

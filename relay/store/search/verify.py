@@ -4,44 +4,26 @@ The stored index is contentless (no text to compare), so the comparison is
 of what FTS5 indexed: an in-memory index is built from the documents of the
 stored events (text.py) and both are read through FTS5's `fts5vocab`
 instance tables, (token, rowid, column, offset) in token order, in step.
-An event of an indexed kind with no row is `missing`, a row without such
-an event `extra`, and a row whose tokens differ `mismatched`.
+The outcome is a `TableCheck` (the projectors' comparison) of the table
+`search_text`, whose lists hold `events.seq` values: an event of an indexed
+kind with no row is `missing`, a row without such an event `orphan`, and a
+row whose tokens differ `mismatched`.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from relay.store.db import read_transaction
+from relay.store.projectors.verify import TableCheck
 from relay.store.search.index import INSERT_SQL, TABLE, create_sql, indexed_seqs, read_record, settings, \
     stored_documents
 
 _VOCAB = "search_verify_vocab"
 
 
-@dataclass
-class SearchCheck:
-    """The comparison of the search index with its recomputation; lists hold `events.seq` values.
-
-    `problem` says why it could not be compared (not built for this
-    configuration); `rows` is the number of rows indexed.
-    """
-
-    rows: int = 0
-    missing: list[int] = field(default_factory=list)
-    extra: list[int] = field(default_factory=list)
-    mismatched: list[int] = field(default_factory=list)
-    problem: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """True when the index equals its recomputation."""
-        return self.problem is None and not (self.missing or self.extra or self.mismatched)
-
-
-def verify_search(conn: sqlite3.Connection, kinds: Iterable[int] | None) -> SearchCheck:
+def verify_search(conn: sqlite3.Connection, kinds: Iterable[int] | None) -> TableCheck:
     """Check the stored index against the events, for `[search] kinds` (None: search disabled).
 
     `conn` is opened read-only on the file (`mode=ro`): a temporary
@@ -50,9 +32,10 @@ def verify_search(conn: sqlite3.Connection, kinds: Iterable[int] | None) -> Sear
     """
     record = read_record(conn)
     if kinds is None:
-        return SearchCheck(problem=None if record is None else "search is disabled: dropped at the next start")
+        problem = None if record is None else "search is disabled: dropped at the next start"
+        return TableCheck("search", TABLE, problem=problem)
     if record != settings(kinds):
-        return SearchCheck(problem="not built for this configuration: restart the relay")
+        return TableCheck("search", TABLE, problem="not built for this configuration: restart the relay")
     query_only = conn.execute("PRAGMA query_only").fetchone()[0]
     conn.execute("PRAGMA query_only = 0")  # the temp table only: the file itself is open read-only
     memory = sqlite3.connect(":memory:", isolation_level=None)
@@ -64,10 +47,10 @@ def verify_search(conn: sqlite3.Connection, kinds: Iterable[int] | None) -> Sear
             seqs = indexed_seqs(conn, kinds)
             memory.executemany(INSERT_SQL, stored_documents(conn.cursor(), seqs))
             rows = {r[0] for r in conn.execute(f"SELECT rowid FROM {TABLE}")}
-            check = SearchCheck(len(rows), sorted(set(seqs) - rows), sorted(rows - set(seqs)))
+            check = TableCheck("search", TABLE, len(rows), sorted(set(seqs) - rows), sorted(rows - set(seqs)))
             differing = _differing(conn.execute(f"SELECT * FROM temp.{_VOCAB}"),
                                    memory.execute(f"SELECT * FROM {_VOCAB}"))
-        check.mismatched = sorted(differing - set(check.missing) - set(check.extra))
+        check.mismatched = sorted(differing - set(check.missing) - set(check.orphan))
         return check
     finally:
         memory.close()
