@@ -28,7 +28,8 @@ def print_search_check(check: TableCheck, config: Config) -> bool:
     else:
         print(f"search index: {len(check.missing)} events missing, {len(check.orphan)} rows without an event,"
               f" {len(check.mismatched)} mismatched of {check.rows} rows")
-        for what, seqs in (("missing", check.missing), ("without an event", check.orphan), ("mismatched", check.mismatched)):
+        found = (("missing", check.missing), ("without an event", check.orphan), ("mismatched", check.mismatched))
+        for what, seqs in found:
             if seqs:
                 more = f" and {len(seqs) - SHOWN} more" if len(seqs) > SHOWN else ""
                 print(f"  {what} (events.seq): {', '.join(map(str, seqs[:SHOWN]))}{more}")

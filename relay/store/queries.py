@@ -123,7 +123,7 @@ def compile_filter(f: Filter, limit: int, now: int, private: PrivateKinds | None
     params.append(limit)
     # One event can hold several of the driving tag's values: DISTINCT keeps it once.
     distinct = "DISTINCT " if tag is not None and len(dict(f.tags)[tag]) > 1 else ""
-    # bm25 weights: the text column only (every row a domain: search returns has the same domain token)
+    # bm25 weighs the text column only: every row a `domain:` search returns holds the same domain token
     relevance = f"bm25({SEARCH_TABLE}, 1.0, 0.0), " if f.search is not None else ""
     sql = (f"SELECT {distinct}e.created_at, e.id, e.raw {from_clause} WHERE {where}"
            f" ORDER BY {relevance}{time_column} DESC, e.id LIMIT ?")

@@ -73,8 +73,8 @@ def _write_record(cur: sqlite3.Cursor, record: dict | None) -> None:
     if record is None:
         cur.execute("DELETE FROM meta WHERE key = ?", (META_KEY,))
     else:
-        cur.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    (META_KEY, orjson.dumps(record).decode()))
+        cur.execute("INSERT INTO meta (key, value) VALUES (?, ?)"
+                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (META_KEY, orjson.dumps(record).decode()))
 
 
 def _present(cur: sqlite3.Cursor, seqs: list[int]) -> set[int]:
