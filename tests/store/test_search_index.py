@@ -237,9 +237,12 @@ async def test_verify_finds_missing_extra_and_mismatched_rows(tmp_path, capsys, 
 
 
 async def test_verify_says_when_the_index_is_not_built_for_the_configuration(tmp_path, capsys):
-    """Kinds changed since the relay last started: verify says so and fails."""
+    """Kinds changed since the relay last started, or the table gone: verify says so and fails."""
     config = make_config(tmp_path)
     await open_and_close(config)
     assert run_verify(make_config(tmp_path, search={"kinds": [1]})) == 1
+    assert "search index: not built for this configuration" in capsys.readouterr().out
+    tamper(config, f"DROP TABLE {TABLE}")
+    assert run_verify(config) == 1
     assert "search index: not built for this configuration" in capsys.readouterr().out
 

@@ -98,7 +98,7 @@ class SearchIndex:
         """Rebuild the index if its settings or state in `meta` differ from this one's (module docstring)."""
         record = read_record(conn)
         wanted = settings(self.kinds)
-        if record == wanted and _table_exists(conn):
+        if record == wanted and table_exists(conn):
             return
         self.rebuilt = "new" if record is None else (
             "settings changed" if {**record, "state": "current"} != wanted else f"state {record.get('state')}")
@@ -117,7 +117,8 @@ class SearchIndex:
                             [(*document(e.kind, e.content, e.tags), bytes.fromhex(e.id)) for e in new])
 
 
-def _table_exists(conn: sqlite3.Connection | sqlite3.Cursor) -> bool:
+def table_exists(conn: sqlite3.Connection | sqlite3.Cursor) -> bool:
+    """True when the index table exists."""
     return conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (TABLE,)).fetchone() is not None
 
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from relay.store.db import read_transaction
 from relay.store.projectors.verify import TableCheck
 from relay.store.search.index import INSERT_SQL, TABLE, create_sql, indexed_seqs, read_record, settings, \
-    stored_documents
+    stored_documents, table_exists
 
 _VOCAB = "search_verify_vocab"
 
@@ -34,7 +34,7 @@ def verify_search(conn: sqlite3.Connection, kinds: Iterable[int] | None) -> Tabl
     if kinds is None:
         problem = None if record is None else "search is disabled: dropped at the next start"
         return TableCheck("search", TABLE, problem=problem)
-    if record != settings(kinds):
+    if record != settings(kinds) or not table_exists(conn):
         return TableCheck("search", TABLE, problem="not built for this configuration: restart the relay")
     query_only = conn.execute("PRAGMA query_only").fetchone()[0]
     conn.execute("PRAGMA query_only = 0")  # the temp table only: the file itself is open read-only
