@@ -27,7 +27,7 @@ class LiveSearch:
 
     def __init__(self, kinds: Iterable[int]) -> None:
         self.kinds = frozenset(kinds)
-        self._db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        self._db = sqlite3.connect(":memory:", isolation_level=None)
         self._db.execute(create_sql(contentless=False))
         self._loaded: Event | None = None
 
