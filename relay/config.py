@@ -26,9 +26,11 @@ from typing import Any
 
 from relay.protocol.auth import relay_url_key
 from relay.protocol.event import EventLimits
+from relay.protocol.filters import MAX_SEARCH_BYTES
 from relay.store.projectors.builtin import builtin_projectors  # [[projectors]]
 from relay.store.projectors.engine import MAX_REFUSALS, REBUILD_BATCH
 from relay.store.projectors.spec import ProjectorSpec, SpecError, parse_specs  # [[projectors]]
+from relay.store.search import DEFAULT_SEARCH_KINDS
 from relay.store.store import StoreOptions
 
 ENV_PREFIX = "RELAY_"
@@ -146,6 +148,8 @@ class LimitsConfig:
     max_subscriptions: int = key(50, "open REQ subscriptions per connection", unit="subscriptions")
     max_filters: int = key(20, "filters per REQ or COUNT", unit="filters")
     max_filter_items: int = key(10_000, "entries per list (ids, authors, kinds, #x) in one filter", unit="entries")
+    max_search_bytes: int = key(MAX_SEARCH_BYTES, "UTF-8 bytes of one filter's NIP-50 search (longer: invalid)",
+                                unit="bytes", min=1)
     default_limit: int = key(500, "events per filter when a REQ gives no limit", unit="events")
     max_limit: int = key(5_000, "events per filter at most (a larger limit is clamped)", unit="events")
     max_event_tags: int = _declared(EventLimits, "max_tags")
@@ -266,6 +270,8 @@ def _parse_peers(name: str, value: Any) -> tuple[PeerConfig, ...]:
             raise ConfigError(f"{name}.filter: {exc}") from None
         if parsed.limit is not None:
             raise ConfigError(f"{name}.filter: limit has no meaning for sync")
+        if parsed.search is not None:
+            raise ConfigError(f"{name}.filter: search has no meaning for sync (NIP-77 cannot reconcile it)")
         pubkey = table.get("pubkey", "")
         if pubkey != "" and not is_hex64(pubkey):
             raise ConfigError(f"{name}.pubkey: must be 64 lowercase hex characters, got {pubkey!r}")
@@ -314,7 +320,7 @@ def _parse_negentropy_filters(name: str, value: Any) -> tuple[dict, ...]:
     from relay.protocol.rejection import Rejection
 
     for name, table in _tables(value, name, None):  # each a NIP-01 filter
-        for key in ("since", "until", "limit"):
+        for key in ("since", "until", "limit", "search"):
             if key in table:
                 raise ConfigError(f"{name}.{key}: an indexed filter has no {key}")
         try:
@@ -349,6 +355,18 @@ class NegentropyConfig:
                                     parse=_parse_negentropy_filters)
     protected_filters: tuple[dict, ...] = key((), "filters indexed like `filters`, never evicted by [retention]",
                                               parse=_parse_negentropy_filters)
+
+
+# --- [search] (NIP-50: relay/store/search/, relay/protocol/search.py) -------------------------------------
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """[search]: the NIP-50 full-text index (kinds); changing it rebuilds the index at the next start."""
+
+    enabled: bool = key(True, "keep the full-text index and answer NIP-50 search filters")
+    kinds: tuple[int, ...] = key(DEFAULT_SEARCH_KINDS, "kinds indexed (0: profile name, display_name, about, nip05;"
+                                 " 30023: title, summary, content; others: content)", parse=_KINDS)
 
 
 # --- [auth] and [rate_limits] (NIP-42 and access control: relay/server/access.py, relay/server/ratelimit.py) ---
@@ -470,6 +488,7 @@ class Config:
     log: LogConfig = _section(LogConfig)
     sync: SyncConfig = _section(SyncConfig)
     negentropy: NegentropyConfig = _section(NegentropyConfig, restart=True)
+    search: SearchConfig = _section(SearchConfig, restart=True)
     auth: AuthConfig = _section(AuthConfig, restart=True)
     rate_limits: RateLimitConfig = _section(RateLimitConfig, restart=True)
     retention: RetentionConfig = _section(RetentionConfig, restart=True)

@@ -11,11 +11,13 @@ from relay.config import Config
 from relay.protocol.filters import parse_filter
 from relay.store.negentropy import DropNegentropyIndex, NegentropyIndex
 from relay.store.projectors.engine import ProjectorHook
+from relay.store.search import DropSearchIndex, SearchIndex
 from relay.store.writes import TransactionHook
 
 
 def hooks(config: Config) -> list[TransactionHook]:
-    """The TransactionHooks for `config`: the projectors of `[[projectors]]` (if any), then the negentropy index.
+    """The TransactionHooks for `config`: the projectors of `[[projectors]]` (if any), the negentropy index, then
+    the search index (NIP-50).
 
     Each hook's `setup` runs at `Store.open` (a projector that is new or
     changed is rebuilt then, which can take a while on a large store).
@@ -25,7 +27,13 @@ def hooks(config: Config) -> list[TransactionHook]:
         found.append(ProjectorHook(config.projectors, max_refusals=config.store.max_projector_refusals,
                                    rebuild_batch=config.store.projector_rebuild_batch))
     found.append(negentropy_hook(config))
+    found.append(search_hook(config))
     return found
+
+
+def search_hook(config: Config) -> TransactionHook:
+    """The NIP-50 full-text index of `[search] kinds`; with `enabled = false`, its removal."""
+    return SearchIndex(config.search.kinds) if config.search.enabled else DropSearchIndex()
 
 
 def negentropy_hook(config: Config) -> TransactionHook:

@@ -31,6 +31,23 @@ async def relay(tmp_path):
 
 
 @pytest.fixture
+async def start(tmp_path):
+    """Start relays with config sections overridden (`start(negentropy={...})`, each in `tmp_path/name`);
+    all stopped after the test."""
+    started: list[Relay] = []
+
+    async def start_relay(name: str = "r", **sections) -> Relay:
+        server = Relay(make_config(tmp_path / name, **sections))
+        await server.start()
+        started.append(server)
+        return server
+
+    yield start_relay
+    for server in started:
+        await server.stop()
+
+
+@pytest.fixture
 async def client(relay):
     """A raw WebSocket client connected to `relay`."""
     c = await Client.connect(relay.url)

@@ -17,6 +17,7 @@ import orjson
 
 from relay.config import Config
 from relay.hooks import negentropy_hook
+from relay.commands.search import check_search, print_search_check
 from relay.store import db
 from relay.store.negentropy import IndexCheck, NegentropyIndex, verify_index
 from relay.store.projectors.causal import CausalSpec
@@ -43,11 +44,12 @@ def _has_refusal_log(conn: sqlite3.Connection) -> bool:
 
 
 def run_verify(config: Config) -> int:
-    """`relay verify`: recompute every projected table and the negentropy index from the events and compare.
+    """`relay verify`: recompute every projected table, the negentropy index and the search index from the events
+    and compare.
 
     Prints one line per table ("ok" or counts of missing, orphan and
     mismatched rows, with up to 10 keys of each), then one per indexed
-    filter, and returns 0 when everything agrees, 1 when anything does not,
+    filter, then one for the search index, and returns 0 when everything agrees, 1 when anything does not,
     2 when there is no database.
     """
     conn = _open_readonly(config.store.path)
@@ -60,6 +62,7 @@ def run_verify(config: Config) -> int:
         removed = [name for name in read_meta(conn) if name not in {s.name for s in config.projectors}]
         hook = negentropy_hook(config)  # the indexes this configuration keeps (none when disabled)
         index_checks = verify_index(conn, hook.specs if isinstance(hook, NegentropyIndex) else [])
+        search_check = check_search(conn, config)  # NIP-50 (relay/commands/search.py)
     bad = 0
     for check in checks:
         label = check.table if check.table == check.projector else f"{check.projector}.{check.table}"
@@ -83,7 +86,9 @@ def run_verify(config: Config) -> int:
         print(f"{name}: no longer configured (table kept, not maintained, not checked)")
     print(f"relay verify: {len(checks) - bad} of {len(checks)} projected tables agree with the events"
           + ("" if not bad else f"; {bad} do not"))
-    return 1 if bad or not _print_index_checks(index_checks) else 0
+    indexes_ok = _print_index_checks(index_checks)
+    search_ok = print_search_check(search_check, config)
+    return 1 if bad or not indexes_ok or not search_ok else 0
 
 
 def _print_index_checks(checks: list[IndexCheck]) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import orjson
 
 from relay.protocol.event import is_hex64
-from relay.protocol.filters import Filter, parse_filter
+from relay.protocol.filters import MAX_SEARCH_BYTES, Filter, parse_filter
 from relay.protocol.rejection import Rejection
 
 MAX_SUBSCRIPTION_ID_CHARS = 64  # NIP-01
@@ -137,23 +137,25 @@ def _sub_id(value: object, verb: str) -> str:
     return value
 
 
-def _filters(message: list, verb: str, sub_id: str, max_filters: int, max_items: int) -> list[Filter]:
+def _filters(message: list, verb: str, sub_id: str, max_filters: int, max_items: int,
+             max_search_bytes: int) -> list[Filter]:
     raw = message[2:]
     if not raw:
         raise MessageError(Rejection("invalid", f"{verb} needs at least one filter"), verb, sub_id)
     if len(raw) > max_filters:
         raise MessageError(Rejection("invalid", f"too many filters (max {max_filters})"), verb, sub_id)
     try:
-        return [parse_filter(f, max_items) for f in raw]
+        return [parse_filter(f, max_items, max_search_bytes) for f in raw]
     except Rejection as exc:
         raise MessageError(exc, verb, sub_id) from None
 
 
-def parse_client_message(data: str | bytes, max_filters: int, max_items: int = 10_000):
+def parse_client_message(data: str | bytes, max_filters: int, max_items: int = 10_000,
+                         max_search_bytes: int = MAX_SEARCH_BYTES):
     """Parse one client frame into an Event/Auth/Req/Count/Close/Neg* envelope (NIP-01, NIP-42, NIP-45, NIP-77).
 
     `max_filters` bounds the filters of one REQ or COUNT; `max_items` the
-    length of each list inside a filter.
+    length of each list inside a filter; `max_search_bytes` a filter's NIP-50 `search`.
 
     Raises:
         MessageError: "invalid:" for malformed JSON, a non-array, an unknown
@@ -175,7 +177,7 @@ def parse_client_message(data: str | bytes, max_filters: int, max_items: int = 1
         return EventEnvelope(message[1]) if verb == "EVENT" else AuthEnvelope(message[1])
     if verb in ("REQ", "COUNT"):
         sub_id = _sub_id(message[1] if len(message) > 1 else None, verb)
-        filters = _filters(message, verb, sub_id, max_filters, max_items)
+        filters = _filters(message, verb, sub_id, max_filters, max_items, max_search_bytes)
         return ReqEnvelope(sub_id, filters) if verb == "REQ" else CountEnvelope(sub_id, filters)
     if verb == "CLOSE":
         if len(message) != 2:

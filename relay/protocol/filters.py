@@ -4,6 +4,8 @@ A filter matches an event when every condition it states holds: `ids`,
 `authors`, `kinds` and each `#<letter>` list are OR-ed within themselves and
 AND-ed together; `since` and `until` are inclusive; an empty list matches
 nothing.  Several filters in one REQ are OR-ed, each with its own `limit`.
+A NIP-50 `search` is parsed here (relay/protocol/search.py) but matched by
+the search index, not by `Filter.matches`.
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ from dataclasses import dataclass
 
 from relay.protocol.event import MAX_KIND, Event, is_hex64
 from relay.protocol.rejection import invalid
+from relay.protocol.search import SearchQuery, parse_search
 
 _INT64_MAX = 2**63 - 1
+MAX_SEARCH_BYTES = 256
+"""The `limits.max_search_bytes` default: UTF-8 bytes of one filter's `search` (NIP-50)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -22,8 +27,9 @@ class Filter:
 
     `ids`/`authors` hold 64-char lowercase hex; `kinds` ints; `tags` maps a
     single letter to the tag values it accepts; `since`/`until` are unix
-    seconds, inclusive; `limit` is None when the client gave none. A None
-    field states no condition; an empty set matches nothing.
+    seconds, inclusive; `limit` is None when the client gave none; `search`
+    is the parsed NIP-50 query, or None. A None field states no condition;
+    an empty set matches nothing.
     """
 
     ids: frozenset[str] | None = None
@@ -33,6 +39,7 @@ class Filter:
     since: int | None = None
     until: int | None = None
     limit: int | None = None
+    search: SearchQuery | None = None
 
     def is_empty(self) -> bool:
         """True when the filter can match no event at all (an empty list, or since > until)."""
@@ -47,7 +54,11 @@ class Filter:
         return self.since is not None and self.until is not None and self.since > self.until
 
     def matches(self, event: Event) -> bool:
-        """True when `event` satisfies every condition of this filter (limit aside)."""
+        """True when `event` satisfies every condition of this filter (limit and search aside).
+
+        A `search` is matched by the search index: relay/store/search/ (stored
+        events) and its `LiveSearch` (live ones).
+        """
         if self.ids is not None and event.id not in self.ids:
             return False
         if self.authors is not None and event.pubkey not in self.authors:
@@ -108,22 +119,22 @@ def _timestamp(value: object, key: str) -> int:
     return value
 
 
-def parse_filter(obj: object, max_items: int = 10_000) -> Filter:
-    """Build a Filter from one JSON object of a REQ or COUNT (NIP-01).
+def parse_filter(obj: object, max_items: int = 10_000, max_search_bytes: int = MAX_SEARCH_BYTES) -> Filter:
+    """Build a Filter from one JSON object of a REQ or COUNT (NIP-01; `search`: NIP-50).
 
-    `max_items` caps the length of each list, a bound on work per filter.
-    Keys other than `ids`, `authors`, `kinds`, `#<letter>`, `since`,
-    `until` and `limit` are ignored (a NIP-50 `search` among them), but
-    for other keys starting with `#`.
+    `max_items` caps the length of each list, a bound on work per filter;
+    `max_search_bytes` the UTF-8 length of `search`.  Keys other than `ids`,
+    `authors`, `kinds`, `#<letter>`, `since`, `until`, `limit` and `search`
+    are ignored, but for other keys starting with `#`.
 
     Raises:
         Rejection: "invalid:" for a wrong type, bad hex, a negative limit or
-        timestamp, a list longer than `max_items`, or a `#` key that is not
-        `#` and one ASCII letter.
+        timestamp, a list longer than `max_items`, a `#` key that is not
+        `#` and one ASCII letter, or an empty or too long `search`.
     """
     if type(obj) is not dict:
         raise invalid("filter must be a JSON object")
-    ids = authors = kinds = since = until = limit = None
+    ids = authors = kinds = since = until = limit = search = None
     tags = []
     for key, value in obj.items():
         if key == "ids":
@@ -138,11 +149,13 @@ def parse_filter(obj: object, max_items: int = 10_000) -> Filter:
             until = _timestamp(value, key)
         elif key == "limit":
             limit = _timestamp(value, key)
+        elif key == "search":
+            search = parse_search(value, max_search_bytes)
         elif key[:1] == "#":
             if not (len(key) == 2 and key[1].isascii() and key[1].isalpha()):
                 # matching nothing or everything would both be wrong answers
                 raise invalid("a tag filter's key is # and one letter a-z or A-Z (NIP-01)")
             tags.append((key[1], _text_set(value, key, max_items)))
     tags.sort()
-    return Filter(ids, authors, kinds, tuple(tags), since, until, limit)
+    return Filter(ids, authors, kinds, tuple(tags), since, until, limit, search)
 

@@ -31,6 +31,7 @@ from relay.server.connection import Connection, ConnectionServices
 from relay.server.handlers.context import HandlerMetrics, Services
 from relay.server.negentropy import NegentropyService
 from relay.server.ratelimit import TOO_MANY_CONNECTIONS, RateLimits
+from relay.server.search import live_search
 from relay.server.subscriptions import SubscriptionIndex
 from relay.server.wire.handshake import RoutedServerConnection
 from relay.server.wire.http import ANY_PATH, Handler, HttpRequest, HttpResponse, Routes
@@ -71,7 +72,7 @@ class RelayServer:
         self.ingest = ingest
         self.metrics = metrics
         self.event_limits = config.limits.event_limits()
-        self.subscriptions = SubscriptionIndex()
+        self.subscriptions = SubscriptionIndex(live_search(store))  # NIP-50 live matching (server/search.py)
         self.access = AccessPolicy(config.auth, config.sync.peers)  # NIP-42 and write rules (server/access.py)
         self.server: Server | None = None  # from listen()
         self.slow_readers = 0

@@ -108,7 +108,8 @@ class Connection:
                 if not ctx.draining:
                     # The one broad catch of the message loop: a bug answers NOTICE, never kills the socket.
                     try:
-                        envelope = parse_client_message(message, limits.max_filters, limits.max_filter_items)
+                        envelope = parse_client_message(message, limits.max_filters, limits.max_filter_items,
+                                                        limits.max_search_bytes)
                         await HANDLERS[type(envelope)](ctx, envelope)
                     except MessageError as err:
                         await self._refuse(message, err)

@@ -25,7 +25,8 @@ def document(config: Config) -> bytes:
     doc = {
         "name": info.name,
         "description": info.description,
-        "supported_nips": sorted(SUPPORTED_NIPS + ([77] if config.negentropy.enabled else [])),  # 77: NEG-*
+        "supported_nips": sorted(SUPPORTED_NIPS + ([77] if config.negentropy.enabled else [])  # 77: NEG-*
+                                 + ([50] if config.search.enabled else [])),  # 50: search
         "software": SOFTWARE,
         "version": _version(),
         "limitation": {

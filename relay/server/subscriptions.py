@@ -2,9 +2,12 @@
 
 How this works: each filter of a live REQ is filed under ONE key of the most
 selective condition it states (an id, else an author, else a tag value, else
-a kind); a filter with none of these is a wildcard.  A new event looks up its
+a kind; a NIP-50 search filter with none of these, each kind the search index
+holds); a filter with none of these is a wildcard.  A new event looks up its
 own id, pubkey, kind and single-letter tag values, gathers the filters filed
-there plus the wildcards, and runs `Filter.matches` only on those.
+there plus the wildcards, and runs `Filter.matches` only on those, then a
+filter's `search` on the one-row FTS5 table of `LiveSearch`
+(relay/store/search/live.py), so a live match agrees with a stored query.
 
 Each connection keeps its own REQs in a `Subscriptions` (by subscription id),
 which files them in the relay's index and takes them out again; a
@@ -24,6 +27,7 @@ from relay.protocol.event import Event
 from relay.protocol.filters import Filter
 from relay.server.access import ConnectionAccess
 from relay.server.outbox import Outbox
+from relay.store.search import LiveSearch
 
 
 class Subscriber(Protocol):
@@ -33,7 +37,7 @@ class Subscriber(Protocol):
         """Take one matching event; must not block."""
 
 
-def _index_keys(f: Filter) -> list[tuple] | None:
+def _index_keys(f: Filter, search_kinds: frozenset[int]) -> list[tuple] | None:
     if f.ids is not None:
         return [("id", v) for v in f.ids]
     if f.authors is not None:
@@ -43,6 +47,8 @@ def _index_keys(f: Filter) -> list[tuple] | None:
         return [("tag", name, v) for v in values]
     if f.kinds is not None:
         return [("kind", v) for v in f.kinds]
+    if f.search is not None:  # only events of the indexed kinds can match a search
+        return [("kind", v) for v in search_kinds]
     return None
 
 
@@ -56,18 +62,23 @@ def _event_keys(event: Event) -> Iterable[tuple]:
 
 
 class SubscriptionIndex:
-    """Live filters by key; `match(event)` returns the subscribers with a matching filter."""
+    """Live filters by key; `match(event)` returns the subscribers with a matching filter.
 
-    def __init__(self) -> None:
+    `search` matches NIP-50 searches (None: search disabled, a search filter matches nothing).
+    """
+
+    def __init__(self, search: LiveSearch | None = None) -> None:
         self._by_key: dict[tuple, dict[tuple[Subscriber, Filter], None]] = defaultdict(dict)
         self._wildcards: dict[tuple[Subscriber, Filter], None] = {}
+        self._search = search
+        self._search_kinds = frozenset() if search is None else search.kinds
 
     def add(self, subscriber: Subscriber, filters: list[Filter]) -> None:
         """File every non-empty filter of `subscriber` in the index."""
         for f in filters:
             if f.is_empty():
                 continue
-            keys = _index_keys(f)
+            keys = _index_keys(f, self._search_kinds)
             if keys is None:
                 self._wildcards[(subscriber, f)] = None
             for key in keys or ():
@@ -77,7 +88,7 @@ class SubscriptionIndex:
         """Take `subscriber`'s filters out of the index."""
         for f in filters:
             self._wildcards.pop((subscriber, f), None)
-            for key in _index_keys(f) or ():
+            for key in _index_keys(f, self._search_kinds) or ():
                 entries = self._by_key.get(key)
                 if entries is not None:
                     entries.pop((subscriber, f), None)
@@ -99,9 +110,12 @@ class SubscriptionIndex:
                 if subscriber in found or pair in seen:
                     continue
                 seen.add(pair)
-                if f.matches(event):
+                if f.matches(event) and (f.search is None or self._matches_search(event, f)):
                     found[subscriber] = None
         return list(found)
+
+    def _matches_search(self, event: Event, f: Filter) -> bool:
+        return self._search is not None and self._search.matches(event, f.search)
 
 
 class LiveSubscription:

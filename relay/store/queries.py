@@ -7,6 +7,11 @@ primary key, `authors` by (pubkey[, kind], created_at), a tag condition by the
 tag index, `kinds` by (kind, created_at), else by created_at.  Expired events
 (NIP-40) are never returned, nor, given `PrivateKinds`, events of a private
 kind that the reader is neither author nor `p`-tagged recipient of (NIP-42).
+
+A filter with a NIP-50 `search` is driven by the full-text index instead
+(relay/store/search/, rowid = events.seq), its other conditions ANDed, and
+ordered by relevance (FTS5's bm25, text column only), then newest: it is
+`ranked`, and a REQ holding one sends each filter's rows in the REQ's order.
 """
 
 from __future__ import annotations
@@ -16,14 +21,17 @@ from dataclasses import dataclass
 
 from relay.protocol.auth import PrivateKinds
 from relay.protocol.filters import Filter
+from relay.store.search import TABLE as SEARCH_TABLE
 
 
 @dataclass(frozen=True, slots=True)
 class Compiled:
-    """One filter as SQL: `sql` selects (created_at, id, raw); `params` binds it."""
+    """One filter as SQL: `sql` selects (created_at, id, raw); `params` binds it; `ranked`: ordered by
+    relevance (a search), not newest first."""
 
     sql: str
     params: tuple
+    ranked: bool = False
 
 
 def _in(column: str, values, params: list, convert=None) -> str:
@@ -88,6 +96,11 @@ def _driving_tag(f: Filter) -> str | None:
 
 
 def _from_clause(f: Filter, params: list) -> tuple[str, str, str | None]:
+    if f.search is not None:
+        params.append(f.search.match_expression())
+        # The index drives: only the matching rows are joined to events, by primary key.
+        return (f"FROM {SEARCH_TABLE} CROSS JOIN events e ON e.seq = {SEARCH_TABLE}.rowid AND {SEARCH_TABLE} MATCH ?",
+                "e.created_at", None)
     tag = _driving_tag(f)
     if tag is None:
         return "FROM events e", "e.created_at", None
@@ -98,7 +111,8 @@ def _from_clause(f: Filter, params: list) -> tuple[str, str, str | None]:
 
 
 def compile_filter(f: Filter, limit: int, now: int, private: PrivateKinds | None = None) -> Compiled:
-    """SQL selecting (created_at, id, raw) of live events matching `f`, newest first, at most `limit`.
+    """SQL selecting (created_at, id, raw) of live events matching `f`, at most `limit`: newest first, or
+    for a search (NIP-50) best scored first (bm25), then newest.
 
     `now` is unix seconds, for NIP-40 expiry; `private` hides the private
     kinds' events from a reader who may not see them (None: hide nothing).
@@ -109,9 +123,11 @@ def compile_filter(f: Filter, limit: int, now: int, private: PrivateKinds | None
     params.append(limit)
     # One event can hold several of the driving tag's values: DISTINCT keeps it once.
     distinct = "DISTINCT " if tag is not None and len(dict(f.tags)[tag]) > 1 else ""
+    # bm25 weighs the text column only: every row a `domain:` search returns holds the same domain token
+    relevance = f"bm25({SEARCH_TABLE}, 1.0, 0.0), " if f.search is not None else ""
     sql = (f"SELECT {distinct}e.created_at, e.id, e.raw {from_clause} WHERE {where}"
-           f" ORDER BY {time_column} DESC, e.id LIMIT ?")
-    return Compiled(sql, tuple(params))
+           f" ORDER BY {relevance}{time_column} DESC, e.id LIMIT ?")
+    return Compiled(sql, tuple(params), ranked=f.search is not None)
 
 
 def compile_count(f: Filter, now: int, private: PrivateKinds | None = None) -> Compiled:
@@ -131,10 +147,15 @@ def run_query(conn: sqlite3.Connection, compiled: list[Compiled], max_rows: int 
     """Run the statements of one REQ and merge them: raw events newest first, each id once, at most
     `max_rows` of them and at most `max_bytes` bytes of them together (the newest that fit).
 
-    Each statement's own LIMIT should not exceed `max_rows`: the merge then
-    holds at most twice `max_rows` rows, however many filters the REQ has,
-    and about twice `max_bytes` bytes.
+    With a `ranked` statement (NIP-50 search) among them, each statement's
+    rows keep its own order and come in the REQ's order instead, each id
+    once (its first place), and the bounds keep the leading rows: a search's
+    best scored.  Each statement's own LIMIT should not exceed `max_rows`:
+    the merge then holds at most twice `max_rows` rows, however many filters
+    the REQ has, and about twice `max_bytes` bytes.
     """
+    if len(compiled) > 1 and any(c.ranked for c in compiled):
+        return _newest(_in_filter_order(conn, compiled), max_rows, max_bytes)[0]
     if len(compiled) == 1:
         c = compiled[0]
         try:
@@ -163,6 +184,16 @@ def run_query(conn: sqlite3.Connection, compiled: list[Compiled], max_rows: int 
     return _newest(((row[2], len(row[2])) for row in sorted(rows.values())), max_rows, max_bytes)[0]
 
 
+def _in_filter_order(conn: sqlite3.Connection, compiled: list[Compiled]):
+    """(raw, size) of each statement's rows in turn, each id once, read only as far as the caller goes."""
+    sent = set()
+    for c in compiled:
+        for _, id_, raw in conn.execute(c.sql, c.params):
+            if id_ not in sent:
+                sent.add(id_)
+                yield raw, len(raw)
+
+
 def _concatenated(conn: sqlite3.Connection, c: Compiled, max_bytes: int | None) -> bytes | None:
     """`c`'s raw events joined by newlines in one row: SQLite steps the rows without the GIL, which a
     reader thread would otherwise wait for once per row while the writer thread runs.
@@ -179,7 +210,7 @@ def _concatenated(conn: sqlite3.Connection, c: Compiled, max_bytes: int | None) 
 
 
 def _newest(items, max_rows: int | None, max_bytes: int | None) -> tuple[list, object]:
-    """The leading items of `items` ((item, size in bytes), newest first): at most `max_rows` of them,
+    """The leading items of `items` ((item, size in bytes), in answer order): at most `max_rows` of them,
     of `max_bytes` bytes at most together (None: no bound); and the item it stopped at (None: none left).
     An item larger than `max_bytes` alone is passed over (stored before the bound was lowered, or
     imported): it could never be sent."""

@@ -16,7 +16,6 @@ from relay.protocol.negentropy import Negentropy, SortedVector
 from tests.helpers import Client, Keys
 from tests.inprocess import Relay
 from tests.served import nip11
-from tests.server.test_negentropy_server import start  # noqa: F401 (a fixture: start(name, **sections) -> Relay)
 
 NOW = int(time.time())
 

@@ -23,7 +23,6 @@ from relay.config import ConfigError, load_config
 from relay.protocol.event import EventLimits, parse_event
 from relay.protocol.filters import parse_filter
 from relay.protocol.negentropy import Negentropy, SortedVector
-from tests.conftest import make_config
 from tests.helpers import Client, Keys, store_events
 from tests.inprocess import Relay
 from tests.served import nip11
@@ -52,22 +51,6 @@ def expected(evs: list[dict], filter_obj: dict) -> set[tuple[int, bytes]]:
     if f.limit is not None:
         matching = sorted(matching, key=lambda e: (-e["created_at"], e["id"]))[:f.limit]
     return {(e["created_at"], bytes.fromhex(e["id"])) for e in matching}
-
-
-@pytest.fixture
-async def start(tmp_path):
-    """Start relays with config sections overridden (`start(negentropy={...})`); all stopped after the test."""
-    started: list[Relay] = []
-
-    async def start_relay(name: str = "r", **sections) -> Relay:
-        server = Relay(make_config(tmp_path / name, **sections))
-        await server.start()
-        started.append(server)
-        return server
-
-    yield start_relay
-    for server in started:
-        await server.stop()
 
 
 async def reconcile(client: Client, sub_id: str, filter_obj: dict, items, frame_size_limit: int = 0):

@@ -13,7 +13,6 @@ from relay.config import RateLimitConfig
 from relay.server.ratelimit import TOO_MANY_CONNECTIONS, RateLimits
 from tests.helpers import Client, eventually
 from tests.server.test_auth import closed_or_events, neg_need
-from tests.server.test_negentropy_server import start  # noqa: F401 (a fixture: start(name, **sections) -> Relay)
 
 SLOW = 0.01  # tokens per second: none comes back during a test
 UNLIMITED = {f"{scope}{what}_per_second": 0.0 for scope in ("", "ip_") for what in ("events", "reqs", "neg_opens")}

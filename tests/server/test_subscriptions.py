@@ -81,3 +81,23 @@ def test_empty_filters_are_never_indexed(counted):
     index.add(Sink(), [parse_filter({"ids": []}), parse_filter({"kinds": [1], "#e": []})])
     assert index.match(_event(Keys(3))) == []
     assert counted["n"] == 0
+
+
+def test_search_filters_are_filed_under_the_indexed_kinds(counted):
+    """A search with no other key is no wildcard: it is looked at only for events of the kinds the search index
+    holds, and then matched by FTS5 (NIP-50)."""
+    from relay.store.search import LiveSearch
+
+    live = LiveSearch((0, 1))
+    index = SubscriptionIndex(live)
+    try:
+        sink = Sink()
+        index.add(sink, [parse_filter({"search": "comet"})])
+        author = Keys(7)
+        assert index.match(_event(author, kind=7, content="comet")) == []
+        assert counted["n"] == 0
+        assert index.match(_event(author, kind=1, content="no match")) == []
+        assert index.match(_event(author, kind=1, content="a Comet")) == [sink]
+        assert counted["n"] == 2
+    finally:
+        live.close()

@@ -21,6 +21,7 @@ from relay.server.budget import ByteBudget
 from relay.server.negentropy import ConnectionSessions
 from relay.server.outbox import Outbox, RateWindow
 from relay.server.ratelimit import EVENTS, REFUSALS, ConnectionRate, RateLimits
+from relay.server.search import search_refusal
 from relay.server.subscriptions import Subscriptions
 from relay.store.store import Store
 
@@ -98,9 +99,12 @@ class Context:
             self.outbox.push(encode_auth(self.access.challenge))
 
     def read_refusal(self, filters: list[Filter], action: int) -> str | None:
-        """Why a REQ, COUNT (action REQS) or NEG-OPEN (NEG_OPENS) is refused: rate limit, NIP-42; None: go ahead."""
+        """Why a REQ, COUNT (action REQS) or NEG-OPEN (NEG_OPENS) is refused: rate limit, NIP-42, a search with
+        search disabled (NIP-50); None: go ahead."""
         if self.rate is not None and not self.rate.allow(action):
             return REFUSALS[action]
+        if refusal := search_refusal(filters, self.services.store):
+            return refusal
         try:
             self.access.check_read(filters)
         except Rejection as rejection:

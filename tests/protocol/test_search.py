@@ -1,0 +1,67 @@
+"""NIP-50 search text: words, phrases, prefixes and extensions parsed, and every user string quoted for FTS5."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from relay.protocol.filters import parse_filter
+from relay.protocol.rejection import Rejection
+from relay.protocol.search import SearchQuery, Term, domain_token, parse_search
+
+
+def test_words_phrases_and_prefixes():
+    """Bare words, "quoted phrases" (an unclosed one runs to the end) and words ending in * are terms."""
+    q = parse_search('bitcoin "lightning network" zap* "open end', 100)
+    assert q.terms == (Term("bitcoin"), Term("lightning network"), Term("zap", prefix=True), Term("open end"))
+    assert q.domain is None and q.ignored == ()
+
+
+def test_extensions_are_taken_out_of_the_words():
+    """NIP-50 key:value extensions leave the words; domain: is kept (lowercase), the others ignored."""
+    q = parse_search("nostr domain:Primal.NET include:spam language:en sentiment:positive nsfw:false", 200)
+    assert q.terms == (Term("nostr"),)
+    assert q.domain == "primal.net"
+    assert q.ignored == (("include", "spam"), ("language", "en"), ("sentiment", "positive"), ("nsfw", "false"))
+
+
+@pytest.mark.parametrize("text", ["10:30", "https://example.com/a?b=c", "foo:bar", "domain:", '"domain:x.com"'])
+def test_other_colons_are_words(text):
+    """Only the NIP-50 keys with a value are extensions: times, URLs, other keys and quoted text stay words."""
+    q = parse_search(text, 100)
+    assert q.domain is None and len(q.terms) == 1
+
+
+@pytest.mark.parametrize("text", ["10:30", "C++", "bitcoin OR", "NEAR(", 'a"b', "AND NOT *", "col:umn", "^x", "{x}",
+                                  '"unclosed', "-minus", "a\x00b"])
+def test_user_text_is_only_ever_inside_quotes(text):
+    """Outside the double-quoted strings, a MATCH expression holds only our own syntax."""
+    expression = parse_search(text, 100).match_expression()
+    outside = re.sub(r'"(?:[^"]|"")*"', "", expression)
+    assert re.fullmatch(r'text : \(( \*| )*\)', outside), expression
+
+
+def test_domain_is_one_token_of_letters_and_digits():
+    """The domain's token survives the tokenizer whole, so a subdomain or a longer name is another token."""
+    token = domain_token("Example.com")
+    assert token.isalnum() and token == domain_token("example.com")
+    assert token not in (domain_token("sub.example.com"), domain_token("example.co"))
+    assert parse_search("domain:example.com", 100).match_expression() == f'domain : "{token}"'
+
+
+@pytest.mark.parametrize("value", ["", "   ", "language:en", "***", 5, None, ["x"], "x" * 101, "é" * 51, "\ud800"])
+def test_empty_long_or_non_text_search_is_invalid(value):
+    """An empty query (no words once extensions are out), one over max_bytes (UTF-8), a non-string or a lone
+    surrogate: "invalid:"."""
+    with pytest.raises(Rejection) as err:
+        parse_search(value, 100)
+    assert err.value.prefix == "invalid"
+
+
+def test_a_filter_carries_its_search():
+    """parse_filter keeps the parsed search beside the other keys and applies max_search_bytes."""
+    f = parse_filter({"search": "nostr", "kinds": [1]}, max_search_bytes=10)
+    assert f.search == SearchQuery((Term("nostr"),)) and f.kinds == {1}
+    with pytest.raises(Rejection):
+        parse_filter({"search": "x" * 11}, max_search_bytes=10)
