@@ -89,8 +89,7 @@ class Node:
         self.store = store = await open_store(config)
         store.add_listener(self._on_commit)
         store.on_batch = self.metrics.writer_batch
-        self.moderation = Moderation(store, config, runs_purges=True)
-        await self.moderation.load()  # (resumes the purges of banned pubkeys cut short)
+        self.moderation = await Moderation.open(store, config, runs_purges=True)  # (resumes purges cut short)
         self.ingest = Ingest.from_config(config, store, self._ephemeral, self.moderation)
         self.server = RelayServer(config, store, self.ingest, self.metrics, self._metrics_page)
         try:

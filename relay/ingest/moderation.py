@@ -79,6 +79,13 @@ class Moderation:
         self._blocked_networks: list = []
         self._purges: dict[str, asyncio.Task] = {}
 
+    @classmethod
+    async def open(cls, store: Store, config: Config, runs_purges: bool = False) -> Moderation:
+        """The moderation rules of `store`, loaded (and, with `runs_purges`, unfinished purges resumed)."""
+        moderation = cls(store, config, runs_purges)
+        await moderation.load()
+        return moderation
+
     # --- checks (no I/O) -------------------------------------------------------------------------
 
     def check(self, event: Event, kind_rules: bool) -> None:

@@ -49,8 +49,10 @@ def version(conn: sqlite3.Connection) -> int:
 
 def load(conn: sqlite3.Connection) -> tuple[int, list[Entry]]:
     """(version, every entry) in one snapshot (`Store.read_snapshot` job)."""
-    return version(conn), [Entry(*r) for r in conn.execute(
-        "SELECT list, item, reason, at FROM moderation ORDER BY list, at, item")]
+    # (read connections hand TEXT over as bytes)
+    return version(conn), [Entry(name.decode(), item.decode(), reason.decode(), at) for name, item, reason, at in
+                           conn.execute("SELECT CAST(list AS BLOB), CAST(item AS BLOB), CAST(reason AS BLOB), at"
+                                        " FROM moderation ORDER BY list, at, item")]
 
 
 def bump(cur: sqlite3.Cursor) -> None:
@@ -85,8 +87,8 @@ def reported_events(conn: sqlite3.Connection, limit: int, max_reports: int = MAX
     (event id hex, the report type of that tag, e.g. "spam", else "reported"), newest report first, at most
     `limit`, from the newest `max_reports` reports (read job).  A report naming only a pubkey (`p` tag)
     names no event: not listed."""
-    handled = {r[0] for r in conn.execute("SELECT item FROM moderation WHERE list IN (?, ?)",
-                                          (BANNED_EVENT, ALLOWED_EVENT))}
+    handled = {r[0].decode() for r in conn.execute("SELECT CAST(item AS BLOB) FROM moderation WHERE list IN (?, ?)",
+                                                   (BANNED_EVENT, ALLOWED_EVENT))}
     found: dict[str, str] = {}
     for (raw,) in conn.execute("SELECT raw FROM events WHERE kind = ? ORDER BY created_at DESC LIMIT ?",
                                (REPORT_KIND, max_reports)):
