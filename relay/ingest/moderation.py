@@ -35,7 +35,6 @@ from relay.protocol.rules import KindRules
 from relay.store import bans
 from relay.store import moderation as table
 from relay.store.moderation import (
-    ALLOWED_EVENT,
     ALLOWED_KIND,
     ALLOWED_PUBKEY,
     BANNED_EVENT,

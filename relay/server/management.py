@@ -30,18 +30,7 @@ from relay.protocol.event import MAX_KIND, EventLimits, is_hex64
 from relay.protocol.nip98 import check_http_auth
 from relay.protocol.rejection import Rejection
 from relay.server.wire.http import HttpRequest, HttpResponse, route_path
-from relay.store.moderation import (
-    ALLOWED_EVENT,
-    ALLOWED_KIND,
-    ALLOWED_PUBKEY,
-    BANNED_EVENT,
-    BANNED_PUBKEY,
-    BLOCKED_IP,
-    DISALLOWED_KIND,
-    INFO,
-    PURGE_PUBKEY,
-    TRUSTED_PUBKEY,
-)
+from relay.store import moderation as lists
 
 log = structlog.get_logger(__name__)
 
@@ -138,9 +127,9 @@ def _info(field: str) -> Method:
     async def change(moderation: Moderation, params: list) -> bool:
         value = _text(params)
         if value:
-            await moderation.add(INFO, field, value)
+            await moderation.add(lists.INFO, field, value)
         else:  # "" sets it back to [info]'s
-            await moderation.remove((INFO,), field)
+            await moderation.remove((lists.INFO,), field)
         return True
     return change
 
@@ -164,32 +153,32 @@ def _method(fn: Callable, *args) -> Method:
 
 METHODS: dict[str, Method] = {
     "banpubkey": _ban_pubkey,
-    "unbanpubkey": _method(_remove, (BANNED_PUBKEY, PURGE_PUBKEY), _pubkey),
-    "listbannedpubkeys": _lister(BANNED_PUBKEY, "pubkey"),
-    "allowpubkey": _method(_add, ALLOWED_PUBKEY, _pubkey, (BANNED_PUBKEY, PURGE_PUBKEY)),
-    "unallowpubkey": _method(_remove, (ALLOWED_PUBKEY,), _pubkey),
-    "listallowedpubkeys": _lister(ALLOWED_PUBKEY, "pubkey"),
+    "unbanpubkey": _method(_remove, (lists.BANNED_PUBKEY, lists.PURGE_PUBKEY), _pubkey),
+    "listbannedpubkeys": _lister(lists.BANNED_PUBKEY, "pubkey"),
+    "allowpubkey": _method(_add, lists.ALLOWED_PUBKEY, _pubkey, (lists.BANNED_PUBKEY, lists.PURGE_PUBKEY)),
+    "unallowpubkey": _method(_remove, (lists.ALLOWED_PUBKEY,), _pubkey),
+    "listallowedpubkeys": _lister(lists.ALLOWED_PUBKEY, "pubkey"),
     "listeventsneedingmoderation": _needing_moderation,
-    "allowevent": _method(_add, ALLOWED_EVENT, _event_id, (BANNED_EVENT,)),
-    "unallowevent": _method(_remove, (ALLOWED_EVENT,), _event_id),
+    "allowevent": _method(_add, lists.ALLOWED_EVENT, _event_id, (lists.BANNED_EVENT,)),
+    "unallowevent": _method(_remove, (lists.ALLOWED_EVENT,), _event_id),
     "banevent": _ban_event,
-    "unbanevent": _method(_remove, (BANNED_EVENT,), _event_id),
-    "listbannedevents": _lister(BANNED_EVENT, "id"),
-    "listallowedevents": _lister(ALLOWED_EVENT, "id"),
+    "unbanevent": _method(_remove, (lists.BANNED_EVENT,), _event_id),
+    "listbannedevents": _lister(lists.BANNED_EVENT, "id"),
+    "listallowedevents": _lister(lists.ALLOWED_EVENT, "id"),
     "changerelayname": _info("name"),
     "changerelaydescription": _info("description"),
     "changerelayicon": _info("icon"),
-    "allowkind": _method(_add, ALLOWED_KIND, _kind, (DISALLOWED_KIND,)),
-    "disallowkind": _method(_add, DISALLOWED_KIND, _kind, (ALLOWED_KIND,)),
+    "allowkind": _method(_add, lists.ALLOWED_KIND, _kind, (lists.DISALLOWED_KIND,)),
+    "disallowkind": _method(_add, lists.DISALLOWED_KIND, _kind, (lists.ALLOWED_KIND,)),
     "listallowedkinds": _kinds(allowed=True),
     "listdisallowedkinds": _kinds(allowed=False),
-    "blockip": _method(_add, BLOCKED_IP, _ip, ()),
-    "unblockip": _method(_remove, (BLOCKED_IP,), _ip),
-    "listblockedips": _lister(BLOCKED_IP, "ip"),
+    "blockip": _method(_add, lists.BLOCKED_IP, _ip, ()),
+    "unblockip": _method(_remove, (lists.BLOCKED_IP,), _ip),
+    "listblockedips": _lister(lists.BLOCKED_IP, "ip"),
     # ours: a trusted pubkey's connections are not rate limited once authenticated (NIP-42)
-    "trustpubkey": _method(_add, TRUSTED_PUBKEY, _pubkey, ()),
-    "untrustpubkey": _method(_remove, (TRUSTED_PUBKEY,), _pubkey),
-    "listtrustedpubkeys": _lister(TRUSTED_PUBKEY, "pubkey"),
+    "trustpubkey": _method(_add, lists.TRUSTED_PUBKEY, _pubkey, ()),
+    "untrustpubkey": _method(_remove, (lists.TRUSTED_PUBKEY,), _pubkey),
+    "listtrustedpubkeys": _lister(lists.TRUSTED_PUBKEY, "pubkey"),
 }
 """Every method but `supportedmethods`, by name: `await METHODS[name](moderation, params)` -> its result.
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from relay.store.batch import Row
 from relay.store.db import transaction
-from relay.store.moderation import ALLOWED_EVENT, BANNED_EVENT, PURGE_PUBKEY, Entry, bump, write_entry
+from relay.store.moderation import ALLOWED_EVENT, PURGE_PUBKEY, Entry, bump, write_entry
 from relay.store.writes import Changes, TransactionHook, remove_events
 
 _COLUMNS = "seq, id, pubkey, created_at, kind, d_tag, raw"

@@ -25,7 +25,6 @@ from tests.server.nip86 import (
     admin_config,
     admin_keys,
     authorization,
-    call,
     post,
     result,
 )

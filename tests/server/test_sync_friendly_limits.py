@@ -8,7 +8,6 @@ carrying X-Forwarded-For or Forwarded (behind a proxy on this host every client 
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 
 import nostr_sdk as sdk
 from structlog.testing import capture_logs
@@ -19,8 +18,8 @@ from relay.server.ratelimit import RateLimits
 from tests.conftest import make_config
 from tests.helpers import Client, Keys, store_events
 from tests.inprocess import Relay
+from tests.server.test_negentropy_server import sdk_relay
 
-TIMEOUT = timedelta(seconds=10)
 SHIPPED = {"exempt": []}  # the tests' relays exempt loopback by list: back to the shipped [rate_limits]
 
 
@@ -34,22 +33,17 @@ async def test_nostr_sdk_syncs_and_publishes_in_bulk_from_loopback_with_the_ship
     theirs = [keys.sign(content=f"r{i}", created_at=1_700_000_000 + i) for i in range(300)]
     ours = [keys.sign(content=f"c{i}", created_at=1_700_000_000 + i) for i in range(1000)]
     await store_events(relay.store, theirs)
-    client = sdk.ClientBuilder().build()
-    url = sdk.RelayUrl.parse(relay.url)
     try:
-        assert await client.add_relay(url)
-        await client.connect(TIMEOUT)
-        handle = await client.relay(url)
-        summary = await handle.sync(sdk.Filter(), [], sdk.SyncOptions().direction(sdk.SyncDirection.DOWN))
-        assert len(summary.received) == len(theirs)
-        refused = 0
-        for event in ours:
-            output = await client.send_event(sdk.Event.from_json(json.dumps(event)))
-            refused += len(output.failed)
+        async with sdk_relay(relay.url) as (client, handle):
+            summary = await handle.sync(sdk.Filter(), [], sdk.SyncOptions().direction(sdk.SyncDirection.DOWN))
+            assert len(summary.received) == len(theirs)
+            refused = 0
+            for event in ours:
+                output = await client.send_event(sdk.Event.from_json(json.dumps(event)))
+                refused += len(output.failed)
         assert refused == 0
         assert await relay.store.count([Filter()]) == len(theirs) + len(ours)
     finally:
-        await client.shutdown()
         await relay.stop()
 
 
