@@ -15,6 +15,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from relay.commands.projectors import run_verify
+from relay.config import ConfigError
 from tests.conftest import make_config
 from tests.helpers import Client, Keys, eventually
 from tests.inprocess import Relay
@@ -315,3 +316,9 @@ async def _authenticate(client: Client, keys: Keys) -> None:
     assert challenge[0] == "AUTH"
     client.challenge = challenge[1]
     assert (await authenticate(client, keys, PUBLIC_URL))[2] is True
+
+
+def test_admins_need_a_public_url(tmp_path):
+    """[admin] pubkeys without [server] public_url (what NIP-98 u tags must name) stops the start."""
+    with pytest.raises(ConfigError, match="server.public_url: must be set when admin.pubkeys is"):
+        make_config(tmp_path, admin={"pubkeys": [admin_keys().public_key().to_hex()]})
