@@ -136,6 +136,17 @@ class Moderation:
         """The entries of the list `name` (relay/store/moderation.py `LISTS`), oldest first."""
         return list(self.lists[name].values())
 
+    def effective(self, name: str) -> list[Entry]:
+        """`entries(name)` after those the configuration lists: `[auth] write_pubkeys` for ALLOWED_PUBKEY,
+        `[rate_limits] trusted_pubkeys` for TRUSTED_PUBKEY (reason "config: <key>"), each pubkey once."""
+        configured = {ALLOWED_PUBKEY: (self._writers, "config: [auth] write_pubkeys"),
+                      TRUSTED_PUBKEY: (self._trusted, "config: [rate_limits] trusted_pubkeys")}.get(name)
+        if configured is None:
+            return self.entries(name)
+        pubkeys, reason = configured
+        return [Entry(name, p, reason) for p in sorted(pubkeys)] + [e for e in self.entries(name)
+                                                                    if e.item not in pubkeys]
+
     async def reported(self, limit: int) -> list[tuple[str, str]]:
         """Stored events reported with NIP-56 and neither banned nor allowed: (id, report type), at most `limit`
         (see relay/store/moderation.py `reported_events`)."""

@@ -11,7 +11,8 @@ method changes the moderation lists (relay/ingest/moderation.py), which
 apply to the next message on every connection once the answer is sent.
 `METHODS` lists them: NIP-86's, and ours (`trustpubkey`, `untrustpubkey`,
 `listtrustedpubkeys`: connections authenticated as a trusted pubkey are not
-rate limited).
+rate limited).  The lists answer the effective rules: the configuration's
+kinds, writers and trusted pubkeys with the database's.
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def _info(field: str) -> Method:
 
 def _lister(name: str, key: str) -> Method:
     async def listed(moderation: Moderation, params: list) -> list[dict]:
-        return [{key: e.item, "reason": e.reason} for e in moderation.entries(name)]
+        return [{key: e.item, "reason": e.reason} for e in moderation.effective(name)]
     return listed
 
 

@@ -223,16 +223,18 @@ async def test_kinds_of_config_and_database_combine_and_a_deny_wins(tmp_path, al
 
 async def test_allowpubkey_lets_an_author_publish_when_writes_are_listed(tmp_path, alice, bob):
     """[auth] write = listed with only alice listed: bob is refused until allowpubkey, again after unallowpubkey;
-    banpubkey takes a pubkey off the allow list (NIP-86)."""
+    banpubkey takes a pubkey off the allow list (NIP-86); listallowedpubkeys gives the config's and the
+    database's."""
     relay = await started(tmp_path, auth={"write": "listed", "write_pubkeys": [alice.pubkey]})
     try:
         client = await Client.connect(relay.url)
         assert (await client.publish(bob.sign(content="1")))[2] is False
         await result(relay.port, "allowpubkey", bob.pubkey, "friend")
         assert (await client.publish(bob.sign(content="2")))[2] is True
-        assert await result(relay.port, "listallowedpubkeys") == [{"pubkey": bob.pubkey, "reason": "friend"}]
+        listed = {"pubkey": alice.pubkey, "reason": "config: [auth] write_pubkeys"}
+        assert await result(relay.port, "listallowedpubkeys") == [listed, {"pubkey": bob.pubkey, "reason": "friend"}]
         await result(relay.port, "banpubkey", bob.pubkey)
-        assert await result(relay.port, "listallowedpubkeys") == []
+        assert await result(relay.port, "listallowedpubkeys") == [listed]
         await result(relay.port, "unbanpubkey", bob.pubkey)
         assert (await client.publish(bob.sign(content="3")))[2] is False
         assert (await client.publish(alice.sign(content="4")))[2] is True
@@ -299,7 +301,9 @@ async def test_a_trusted_pubkey_is_not_rate_limited_once_authenticated(tmp_path,
                                                  "trusted_pubkeys": [bob.pubkey]})
     try:
         await result(relay.port, "trustpubkey", alice.pubkey)
-        assert await result(relay.port, "listtrustedpubkeys") == [{"pubkey": alice.pubkey, "reason": ""}]
+        assert await result(relay.port, "listtrustedpubkeys") == [
+            {"pubkey": bob.pubkey, "reason": "config: [rate_limits] trusted_pubkeys"},
+            {"pubkey": alice.pubkey, "reason": ""}]
         for keys, trusted in ((alice, True), (bob, True), (Keys(0xC0FFEE), False)):
             client = await Client.connect(relay.url)
             await _authenticate(client, keys)  # (the AUTH took one of the two tokens)
