@@ -51,12 +51,7 @@ from relay.store.store import Store
 
 log = structlog.get_logger(__name__)
 
-INFO_FIELDS = ("name", "description", "icon")
-"""The NIP-11 fields NIP-86 may override."""
-
-
-def _network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
-    return ipaddress.ip_network(text, strict=False)
+_MAX_CACHED_IPS = 65_536  # client IPs whose blocked-or-not answer is remembered until the next change
 
 
 class Moderation:
@@ -76,6 +71,7 @@ class Moderation:
         self._writers = frozenset(config.auth.write_pubkeys)
         self._trusted = frozenset(config.rate_limits.trusted_pubkeys)
         self._blocked_networks: list = []
+        self._blocked_ips: dict[str, bool] = {}
         self._purges: dict[str, asyncio.Task] = {}
 
     @classmethod
@@ -117,16 +113,21 @@ class Moderation:
         return pubkey in self._trusted or pubkey in self.lists[TRUSTED_PUBKEY]
 
     def is_blocked(self, ip: str) -> bool:
-        """True when the client IP `ip` is blocked (NIP-86 `blockip`: an address or a network)."""
+        """True when the client IP `ip` is blocked (NIP-86 `blockip`: an address or a network); read for each
+        message, so the answer is remembered per IP until the lists change."""
         if not self._blocked_networks:
             return False
-        if ip in self.lists[BLOCKED_IP]:
-            return True
-        try:
-            address = ipaddress.ip_address(ip)
-        except ValueError:
-            return False
-        return any(address in network for network in self._blocked_networks)
+        blocked = self._blocked_ips.get(ip)
+        if blocked is None:
+            try:
+                address = ipaddress.ip_address(ip)
+            except ValueError:
+                address = None
+            blocked = address is not None and any(address in network for network in self._blocked_networks)
+            if len(self._blocked_ips) >= _MAX_CACHED_IPS:
+                self._blocked_ips.clear()
+            self._blocked_ips[ip] = blocked
+        return blocked
 
     def info(self) -> dict[str, str]:
         """The NIP-11 fields NIP-86 overrides (name, description, icon), by field."""
@@ -223,7 +224,8 @@ class Moderation:
         auth = self.config.auth
         self.kinds = KindRules.of({*auth.allow_kinds, *map(int, lists[ALLOWED_KIND])},
                                   {*auth.deny_kinds, *map(int, lists[DISALLOWED_KIND])})
-        self._blocked_networks = [_network(ip) for ip in lists[BLOCKED_IP]]
+        self._blocked_networks = [ipaddress.ip_network(ip, strict=False) for ip in lists[BLOCKED_IP]]
+        self._blocked_ips = {}
         if self.runs_purges:
             self._schedule_purges(set(lists[PURGE_PUBKEY]))
 

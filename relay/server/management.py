@@ -72,6 +72,8 @@ def _kind(params: list) -> str:
 
 
 def _is_ip(value: object) -> bool:
+    if type(value) is not str:  # (ipaddress takes integers too)
+        return False
     try:
         ipaddress.ip_network(value, strict=False)
     except (TypeError, ValueError):

@@ -158,7 +158,7 @@ async def test_bad_requests_get_200_with_an_error(managed):
     assert status == 415 and answer["error"].startswith("invalid: ")
     for raw in (b"{not json", b"[]", b'{"params": []}', b'{"method": "banpubkey", "params": {}}',
                 _body("nosuchmethod"), _body("banpubkey", ["XYZ"]), _body("banpubkey", []),
-                _body("allowkind", [-1]), _body("allowkind", ["1"]), _body("blockip", ["300.1.1.1"]),
+                _body("allowkind", [-1]), _body("allowkind", ["1"]), _body("blockip", ["300.1.1.1"]), _body("blockip", [1]),
                 _body("changerelayname", [7])):
         status, answer = await _post(managed, raw, Authorization=authorization(raw))
         assert status == 200 and answer["error"].startswith("invalid: "), (raw, answer)
