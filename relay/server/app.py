@@ -177,7 +177,7 @@ class RelayServer:
         routes.add("GET", "/metrics", metrics_page)
         routes.add("GET", ANY_PATH, partial(_nip11, self.config, self.moderation),
                    accept="application/nostr+json")  # NIP-11
-        if self.moderation is not None:  # NIP-86, authorized by NIP-98 (relay/server/management.py)
+        if self.moderation is not None and self.config.admin.pubkeys:  # NIP-86 with NIP-98 (server/management.py)
             management = ManagementApi(self.config, self.moderation, self.event_limits)
             routes.add("POST", management.path, management.handle)
         return routes
