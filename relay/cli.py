@@ -1,4 +1,5 @@
-"""The `relay` command line: serve, import, export, sync, status, key, backup, verify, projectors, query.
+"""The `relay` command line: serve, import, export, sync, status, key, backup, verify, projectors, query,
+ban, unban, bans.
 
 This module parses the arguments and dispatches; the bodies are in
 relay/commands/ (and `relay serve` is relay/node.py's `run`).
@@ -49,7 +50,23 @@ def _parser() -> argparse.ArgumentParser:
                                  "(while the relay serves)")
     backup.add_argument("path", type=Path, help="the copy's file name; must not exist")
     _projector_parsers(commands, common)
+    _ban_parsers(commands, common)
     return parser
+
+
+def _ban_parsers(commands, common: argparse.ArgumentParser) -> None:
+    """`ban event|pubkey`, `unban event|pubkey|ip`, `bans` (bodies in relay/commands/bans.py)."""
+    ban = commands.add_parser("ban", parents=[common], help="ban an event (removed now) or a pubkey (NIP-86's "
+                              "banevent, banpubkey); a running relay applies it within admin.refresh_seconds")
+    ban.add_argument("what", choices=("event", "pubkey"))
+    ban.add_argument("item", help="the 64-hex event id or pubkey")
+    ban.add_argument("--reason", default="", help="why (shown by `relay bans` and NIP-86's lists)")
+    ban.add_argument("--purge", action="store_true", help="pubkey: remove its stored events too, in batches")
+    unban = commands.add_parser("unban", parents=[common], help="lift a ban on an event or pubkey, or unblock an IP")
+    unban.add_argument("what", choices=("event", "pubkey", "ip"))
+    unban.add_argument("item", help="the 64-hex event id or pubkey, or the IP address or network")
+    bans = commands.add_parser("bans", parents=[common], help="banned pubkeys and events, blocked IPs")
+    bans.add_argument("--json", action="store_true", help="print JSON for scripts")
 
 
 def _projector_parsers(commands, common: argparse.ArgumentParser) -> None:
@@ -134,9 +151,21 @@ def _main(argv: list[str] | None) -> int:
         return run_backup(config, args.path)
     if args.command in ("verify", "projectors", "query"):
         return _run_projector_command(config, args)
+    if args.command in ("ban", "unban", "bans"):
+        return asyncio.run(_run_ban_command(config, args))
     from relay.commands.transfer import run_export
 
     return asyncio.run(run_export(config, args.filter, args.output))
+
+
+async def _run_ban_command(config: Config, args: argparse.Namespace) -> int:
+    from relay.commands import bans
+
+    if args.command == "ban":
+        return await bans.run_ban(config, args.what, args.item, args.reason, args.purge)
+    if args.command == "unban":
+        return await bans.run_unban(config, args.what, args.item)
+    return await bans.run_bans(config, args.json)
 
 
 def _run_projector_command(config: Config, args: argparse.Namespace) -> int:

@@ -435,8 +435,30 @@ class RateLimitConfig:
                                        unit="bytes")
     ip_connections: int = key(100, "connections open at once from one IP; 0: no bound", unit="connections")
     exempt: tuple[str, ...] = key((), "client IPs or networks never limited", parse=_NETWORKS)
+    exempt_loopback: bool = key(True, "a loopback client (127.0.0.0/8, ::1) is not limited, unless its request "
+                                "carries X-Forwarded-For or Forwarded (a proxy on this host)")
+    trusted_pubkeys: tuple[str, ...] = key((), "64-hex pubkeys not limited once a connection authenticates as one "
+                                           "(NIP-42); NIP-86 trustpubkey adds more", parse=_PUBKEYS)
     trusted_proxies: tuple[str, ...] = key((), "reverse proxies whose X-Forwarded-For names the client IP",
                                            parse=_NETWORKS)
+
+
+# --- [admin] (NIP-86 management API: relay/server/management.py; moderation: relay/ingest/moderation.py) ---
+
+
+@dataclass(frozen=True)
+class AdminConfig:
+    """[admin]: who may manage the relay over NIP-86 (64-hex pubkeys), and how bans remove (seconds, events)."""
+
+    pubkeys: tuple[str, ...] = key((), "64-hex pubkeys whose NIP-98 signed requests may call the NIP-86 API; []: "
+                                   "no API", parse=_PUBKEYS)
+    auth_max_age_seconds: int = key(60, "how far a NIP-98 auth event's created_at may be from the relay's clock",
+                                    unit="seconds", min=1)
+    purge_on_ban: bool = key(False, "banning a pubkey also removes its stored events (in batches)")
+    purge_batch_size: int = key(500, "events removed per transaction when a banned pubkey's events are purged",
+                                unit="events", min=1)
+    refresh_seconds: float = key(1.0, "how often a running relay reads bans made by `relay ban` in another process",
+                                 unit="seconds", min=0.05)
 
 
 # --- [retention] (relay/retention.py, relay/store/retention.py; NIP-62: relay/store/vanish.py) ----------------
@@ -491,6 +513,7 @@ class Config:
     search: SearchConfig = _section(SearchConfig, restart=True)
     auth: AuthConfig = _section(AuthConfig, restart=True)
     rate_limits: RateLimitConfig = _section(RateLimitConfig, restart=True)
+    admin: AdminConfig = _section(AdminConfig, restart=True)
     retention: RetentionConfig = _section(RetentionConfig, restart=True)
     # [[projectors]]: an array of tables, not a section; absent from the file means the built-in ones.
     projectors: tuple[ProjectorSpec, ...] = field(default_factory=builtin_projectors)
@@ -645,6 +668,8 @@ def _check_consistency(config: Config) -> None:
     url = config.server.public_url
     if url and (not url.startswith(("ws://", "wss://")) or relay_url_key(url) is None):
         raise ConfigError(f"server.public_url: must be a ws:// or wss:// URL, got {url!r}")
+    if config.admin.pubkeys and not url:
+        raise ConfigError("server.public_url: must be set when admin.pubkeys is (NIP-98 requests name it)")
     if config.sync.backoff_initial_seconds > config.sync.backoff_max_seconds:
         raise ConfigError("sync.backoff_initial_seconds: must not exceed sync.backoff_max_seconds")
     neg = config.negentropy

@@ -6,8 +6,8 @@ offline command that writes: no other module calls `Store.open` with hooks,
 so no writer can forget them (derived tables written without their hook
 would no longer agree with the events; `relay verify` tells).
 
-`Node` builds, in order: metrics, the store, the ingest path with its one
-signature pool, the server (relay/server/), the background tasks (expiry
+`Node` builds, in order: metrics, the store, the moderation rules, the ingest
+path with its one signature pool, the server (relay/server/), the background tasks (expiry
 purge, retention, memory trim) and peer sync (relay/sync/); each commit is
 counted and fanned out to live subscriptions, then offered to peers.
 `run(config)` is `relay serve`: it also owns the process tuning (malloc, GC,
@@ -29,6 +29,7 @@ import structlog
 from relay.config import Config
 from relay.hooks import hooks
 from relay.ingest import Ingest
+from relay.ingest.moderation import Moderation
 from relay.keys import NodeKeyError
 from relay.metrics import CONTENT_TYPE, Metrics
 from relay.protocol.event import Event
@@ -61,7 +62,8 @@ async def open_store(config: Config, read_connections: int | None = None) -> Sto
 class Node:
     """One relay process: `await start()`, then `await stop()`; the parts are attributes once started.
 
-    `store`, `ingest` (every event's way in, relay/ingest/), `server` (the
+    `store`, `ingest` (every event's way in, relay/ingest/), `moderation` (bans and allow lists of
+    config and database, relay/ingest/moderation.py), `server` (the
     port, relay/server/app.py), `sync` (the `[[sync.peers]]` scheduler, None
     without peers), `metrics` (served at /metrics).
     """
@@ -71,6 +73,7 @@ class Node:
         self.metrics = Metrics()
         self.store: Store | None = None
         self.ingest: Ingest | None = None
+        self.moderation: Moderation | None = None
         self.server: RelayServer | None = None
         self.sync: Scheduler | None = None
         self._background: list[asyncio.Task] = []
@@ -86,16 +89,19 @@ class Node:
         self.store = store = await open_store(config)
         store.add_listener(self._on_commit)
         store.on_batch = self.metrics.writer_batch
-        self.ingest = Ingest.from_config(config, store, self._ephemeral)
+        self.moderation = await Moderation.open(store, config, runs_purges=True)  # (resumes purges cut short)
+        self.ingest = Ingest.from_config(config, store, self._ephemeral, self.moderation)
         self.server = RelayServer(config, store, self.ingest, self.metrics, self._metrics_page)
         try:
             await self.server.listen()
         except OSError:
             # e.g. the port is taken: release the store's threads, or the process cannot exit.
+            self.moderation.close()
             await store.close()
             self.ingest.close()
             raise
-        self._background = [asyncio.create_task(self._purge_expired_forever(), name="expiry-purge")]
+        self._background = [asyncio.create_task(self._purge_expired_forever(), name="expiry-purge"),
+                            asyncio.create_task(self.moderation.refresh_forever(), name="moderation-refresh")]
         if (trim := _libc("malloc_trim")) is not None and config.server.memory_trim_seconds > 0:
             self._background.append(asyncio.create_task(
                 _trim_memory_forever(trim, config.server.memory_trim_seconds), name="memory-trim"))
@@ -131,6 +137,8 @@ class Node:
         deadline = asyncio.get_running_loop().time() + timeout
         for task in self._background:
             task.cancel()
+        if self.moderation is not None:
+            self.moderation.close()
         if self.sync is not None:
             await self.server.within(deadline, self.sync.stop(), "sync", timeout)
         if self.server is not None:

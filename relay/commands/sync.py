@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from relay.config import MIN_FRAME_SIZE_LIMIT, Config
 from relay.ingest import Ingest
+from relay.ingest.moderation import Moderation
 from relay.keys import NodeKeyError
 from relay.node import open_store
 from relay.protocol.envelopes import loads
@@ -54,7 +55,7 @@ async def sync_once(config: Config, url: str, filter_obj: dict, options: SyncOpt
     key = node_key(config)
     store = await open_store(config, read_connections=2)
     states = await PeerStates.open(config.store.path)
-    ingest = Ingest.from_config(config, store)
+    ingest = Ingest.from_config(config, store, moderation=await Moderation.open(store, config))  # bans
     report = SyncReport() if report is None else report
     try:
         async with states.hold(url, new_owner(), config.sync.lease_seconds):

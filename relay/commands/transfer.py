@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from relay.config import Config
 from relay.ingest import IMPORT, Ingest, Outcome
+from relay.ingest.moderation import Moderation
 from relay.ingest.outcome import EPHEMERAL, NEWER_VERSION
 from relay.node import open_store
 from relay.protocol.envelopes import loads
@@ -101,7 +102,7 @@ async def run_import(config: Config, path: Path) -> int:
         console.print(f"relay import: {exc}")
         return 2
     store = await open_store(config, read_connections=1)
-    ingest = Ingest.from_config(config, store)
+    ingest = Ingest.from_config(config, store, moderation=await Moderation.open(store, config))  # bans
     try:
         with source:
             total = None if source is sys.stdin.buffer else sum(1 for _ in path.open("rb"))

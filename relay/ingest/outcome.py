@@ -49,6 +49,8 @@ DELETED = Outcome.parse(*batch.DELETED)
 VANISHED = Outcome.parse(*batch.VANISHED)
 EVICTED = Outcome.parse(*batch.EVICTED)
 """From a peer: retention removed it here (relay/store/batch.py)."""
+BANNED = Outcome.parse(*batch.BANNED)
+"""The event, or its author, is banned here (NIP-86, `relay ban`)."""
 EXPIRED = Outcome(False, "invalid", rules.EXPIRED)
 EPHEMERAL = Outcome(True, "", "ephemeral: not stored")
 """An ephemeral event from a source whose ephemeral events go to no subscription (sync, import)."""
@@ -57,7 +59,8 @@ RATE_LIMITED = Outcome(False, "rate-limited", "too many events, slow down")
 INTERNAL = Outcome(False, "error", "internal")
 """A bug: the details go to the log (`event_failed`), never to the sender."""
 
-_STORE = {(o.accepted, o.message): o for o in (ACCEPTED, DUPLICATE, NEWER_VERSION, DELETED, VANISHED, EVICTED)}
+_STORE = {(o.accepted, o.message): o for o in (ACCEPTED, DUPLICATE, NEWER_VERSION, DELETED, VANISHED, EVICTED,
+                                                             BANNED)}
 
 
 def from_store(accepted: bool, message: str) -> Outcome:

@@ -2,8 +2,8 @@
 
 How this works: `submit(obj, source, done)` checks what needs no waiting,
 cheapest first: the source's rate limit, `parse_event` (shape, limits, id),
-the event rules of relay/protocol/rules.py (expiry, the AUTH kind), then, as
-the `Source` says, the `[auth]` kind rules and who may publish.  The event
+the event rules of relay/protocol/rules.py (expiry, the AUTH kind), the bans
+(moderation.py), then, as the `Source` says, the kind rules and who may publish.  The event
 then goes to the one pool of signature-checking threads (`Verifier`); back
 on the loop, a valid event is queued for the writer (`Store.enqueue`) with
 the source's origin, or, when ephemeral, handed to `live` (the fan-out) or
@@ -32,6 +32,7 @@ from relay.ingest.outcome import (
     Outcome,
     from_store,
 )
+from relay.ingest.moderation import Moderation
 from relay.ingest.source import Source
 from relay.ingest.verifier import Verifier
 from relay.protocol import rules
@@ -55,19 +56,23 @@ class Ingest:
     """
 
     def __init__(self, store: Store, limits: EventLimits | None = None, kinds: rules.KindRules | None = None,
-                 threads: int = 2, live: Callable[[Event], None] | None = None) -> None:
+                 threads: int = 2, live: Callable[[Event], None] | None = None,
+                 moderation: Moderation | None = None) -> None:
         self.store = store
         self.limits = limits or EventLimits()
         self.kinds = kinds or rules.KindRules()
         self.verifier = Verifier(threads)
         self.live = live
+        self.moderation = moderation  # bans and the kinds of config and database together (moderation.py)
 
     @classmethod
-    def from_config(cls, config: Config, store: Store, live: Callable[[Event], None] | None = None) -> Ingest:
-        """The ingest of `config`: `[limits]` for events, `[auth]` kinds, `store.verify_threads`."""
+    def from_config(cls, config: Config, store: Store, live: Callable[[Event], None] | None = None,
+                    moderation: Moderation | None = None) -> Ingest:
+        """The ingest of `config`: `[limits]` for events, `[auth]` kinds, `store.verify_threads`; with
+        `moderation`, its effective rules instead of the `[auth]` kinds alone."""
         auth = config.auth
         return cls(store, config.limits.event_limits(), rules.KindRules.of(auth.allow_kinds, auth.deny_kinds),
-                   config.store.verify_threads, live)
+                   config.store.verify_threads, live, moderation)
 
     def submit(self, obj: object, source: Source, done: Done, screen: Screen | None = None) -> Event | None:
         """Take one event from `source`; `done(outcome)` runs on the loop once it is settled.
@@ -127,7 +132,9 @@ class Ingest:
         if screen is not None:
             screen(event)
         rules.check_event(event, now)
-        if source.kind_rules:
+        if self.moderation is not None:
+            self.moderation.check(event, source.kind_rules)
+        elif source.kind_rules:
             self.kinds.check(event.kind)
         if source.may_publish is not None:
             source.may_publish(event)

@@ -8,7 +8,8 @@
 | `IMPORT` (`relay import`)        | -                  | yes        | -          | ""       | stored     | not stored  |
 
 Every source gets the event rules (shape, id, NIP-40 expiry, the NIP-42
-AUTH kind) and the BIP-340 signature check.  A client that authenticated
+AUTH kind), the bans (relay/ingest/moderation.py) and the BIP-340 signature
+check.  A client that authenticated
 as a configured peer (NIP-42) is that peer: it must be able to sync every
 event, so no write, kind nor rate rule applies to it.  What sync asks for
 is checked per request (`Ingest.accept_many`'s `screen`).

@@ -17,6 +17,7 @@ from __future__ import annotations
 import secrets
 
 from relay.config import AuthConfig, PeerConfig
+from relay.ingest.moderation import Moderation
 from relay.protocol.auth import PrivateKinds, check_auth_event
 from relay.protocol.event import Event, EventLimits
 from relay.protocol.filters import Filter
@@ -26,9 +27,12 @@ from relay.protocol.rejection import Rejection
 class AccessPolicy:
     """The `[auth]` rules and the peers' pubkeys (pubkey -> peer URL), shared by every connection."""
 
-    def __init__(self, config: AuthConfig, peers: tuple[PeerConfig, ...] = ()) -> None:
+    def __init__(self, config: AuthConfig, peers: tuple[PeerConfig, ...] = (),
+                 moderation: Moderation | None = None) -> None:
+        """`moderation`: the writers NIP-86 `allowpubkey` adds to `write_pubkeys` (None: the config's only)."""
         self.config = config
         self.write_pubkeys = frozenset(config.write_pubkeys)
+        self.moderation = moderation
         self.private_kinds = frozenset(config.private_kinds)
         self.peer_urls: dict[str, str] = {}
         for peer in peers:
@@ -42,13 +46,18 @@ class AccessPolicy:
             Rejection: "auth-required:" when authenticating could help, "restricted:" when it did not.
         """
         write = self.config.write
-        if write == "all" or (write == "listed" and event.pubkey in self.write_pubkeys):
+        if write == "all" or (write == "listed" and self.is_listed(event.pubkey)):
             return
         if not pubkeys:
             who = "listed authors" if write == "listed" else "authenticated users"
             raise Rejection("auth-required", f"this relay accepts events only from {who} (NIP-42 AUTH)")
-        if (write == "listed" or self.write_pubkeys) and pubkeys.isdisjoint(self.write_pubkeys):
+        lists = self.moderation.lists_writers if self.moderation is not None else bool(self.write_pubkeys)
+        if (write == "listed" or lists) and not any(map(self.is_listed, pubkeys)):
             raise Rejection("restricted", "this pubkey may not publish here")
+
+    def is_listed(self, pubkey: str) -> bool:
+        """True when `pubkey` is a listed writer: `[auth] write_pubkeys`, or NIP-86 `allowpubkey`."""
+        return self.moderation.may_write(pubkey) if self.moderation is not None else pubkey in self.write_pubkeys
 
 
 class ConnectionAccess:

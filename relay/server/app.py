@@ -23,12 +23,14 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 
 from relay.config import Config
 from relay.ingest import Ingest
+from relay.ingest.moderation import Moderation
 from relay.protocol.event import Event
 from relay.server import nip11
 from relay.server.access import AccessPolicy
 from relay.server.budget import ByteBudget
-from relay.server.connection import Connection, ConnectionServices
+from relay.server.connection import BLOCKED, Connection, ConnectionServices
 from relay.server.handlers.context import HandlerMetrics, Services
+from relay.server.management import ManagementApi
 from relay.server.negentropy import NegentropyService
 from relay.server.ratelimit import TOO_MANY_CONNECTIONS, RateLimits
 from relay.server.search import live_search
@@ -73,7 +75,9 @@ class RelayServer:
         self.metrics = metrics
         self.event_limits = config.limits.event_limits()
         self.subscriptions = SubscriptionIndex(live_search(store))  # NIP-50 live matching (server/search.py)
-        self.access = AccessPolicy(config.auth, config.sync.peers)  # NIP-42 and write rules (server/access.py)
+        self.moderation = ingest.moderation  # bans, allow lists, blocked IPs (relay/ingest/moderation.py)
+        # NIP-42 and write rules (server/access.py)
+        self.access = AccessPolicy(config.auth, config.sync.peers, self.moderation)
         self.server: Server | None = None  # from listen()
         self.slow_readers = 0
         self.keepalive_timeouts = 0
@@ -159,17 +163,24 @@ class RelayServer:
 
     def _connection_parts(self) -> ConnectionServices:
         """What connections and their handlers are given of this server."""
+        moderation = self.moderation
         handlers = Services(self.config.limits, self.event_limits, self.store, self.ingest,
-                            self.stored_results, self.rate_limits, self.metrics, self.internal_error)
+                            self.stored_results, self.rate_limits, self.metrics, self.internal_error,
+                            *([moderation.is_trusted] if moderation else []))
         return ConnectionServices(handlers, self.subscriptions, self.config.server, self.access, self.negentropy,
-                                  self.slow_reader_dropped, self.keepalive_timed_out)
+                                  self.slow_reader_dropped, self.keepalive_timed_out,
+                                  *([moderation.is_blocked] if moderation else []))
 
     def _routes(self, metrics_page: Handler) -> Routes:
         """The HTTP routes on the relay's port: one line each, the first that matches answers."""
         routes = Routes()
         routes.add("GET", "/health", _health)
         routes.add("GET", "/metrics", metrics_page)
-        routes.add("GET", ANY_PATH, partial(_nip11, self.config), accept="application/nostr+json")  # NIP-11
+        routes.add("GET", ANY_PATH, partial(_nip11, self.config, self.moderation),
+                   accept="application/nostr+json")  # NIP-11
+        if self.moderation is not None and self.config.admin.pubkeys:  # NIP-86 with NIP-98 (server/management.py)
+            management = ManagementApi(self.config, self.moderation, self.event_limits)
+            routes.add("POST", management.path, management.handle)
         return routes
 
     def slow_reader_dropped(self, **fields) -> None:
@@ -199,10 +210,15 @@ class RelayServer:
         conn_id = next(self._conn_ids)
         headers = ws.request.headers
         forwarded = headers.get_all("X-Forwarded-For")
+        proxied = bool(forwarded or "Forwarded" in headers)
         remote = self.rate_limits.client_ip(ws.remote_address[0] if ws.remote_address else "",
                                             ",".join(forwarded) if forwarded else None)
         structlog.contextvars.bind_contextvars(conn_id=conn_id, remote=remote)
-        if not self.rate_limits.admits(remote):
+        if self.moderation is not None and self.moderation.is_blocked(remote):  # NIP-86 blockip
+            log.info("connection_refused", reason=BLOCKED)
+            await ws.close(1008, BLOCKED)
+            return
+        if not self.rate_limits.admits(remote, proxied):
             self.connections_refused += 1
             log.info("connection_refused", reason=TOO_MANY_CONNECTIONS, total=self.connections_refused)
             await ws.close(1008, TOO_MANY_CONNECTIONS)
@@ -210,7 +226,7 @@ class RelayServer:
         log.info("connection_opened")
         # NIP-42 relay tag: the configured public URL, else the one this client connected to.
         relay_url = self.config.server.public_url or f"ws://{headers.get('Host', '')}{ws.request.path}"
-        connection = Connection(ws, self._connection_services, remote, relay_url)
+        connection = Connection(ws, self._connection_services, remote, relay_url, proxied)
         self.connections.add(connection)
         try:
             await connection.run()
@@ -223,5 +239,6 @@ async def _health(request: HttpRequest) -> HttpResponse:
     return HttpResponse(HTTPStatus.OK, b"ok\n", "text/plain")
 
 
-async def _nip11(config: Config, request: HttpRequest) -> HttpResponse:
-    return HttpResponse(HTTPStatus.OK, nip11.document(config), "application/nostr+json")
+async def _nip11(config: Config, moderation: Moderation | None, request: HttpRequest) -> HttpResponse:
+    overrides = moderation.info() if moderation is not None else None  # NIP-86 changerelayname, ...
+    return HttpResponse(HTTPStatus.OK, nip11.document(config, overrides), "application/nostr+json")

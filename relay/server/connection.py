@@ -42,6 +42,8 @@ log = structlog.get_logger(__name__)
 # recv() returns buffered frames without suspending: a connection with a backlog yields to the
 # event loop after this long, so other connections' REQs are not queued behind its whole backlog
 _TIME_SLICE_SECONDS = 0.001
+BLOCKED = "blocked: this address is blocked here"
+"""The close reason (code 1008) of a connection from a blocked IP (NIP-86 `blockip`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +52,7 @@ class ConnectionServices:
 
     `live` is the relay's index of live subscriptions;
     `slow_reader_dropped(**log_fields)` and `keepalive_timed_out()` count a
-    connection closed with 1008 or 1011.
+    connection closed with 1008 or 1011; `blocked(ip)` is read before each message.
     """
 
     handlers: Services
@@ -60,6 +62,7 @@ class ConnectionServices:
     negentropy: NegentropyService
     slow_reader_dropped: Callable[..., None]
     keepalive_timed_out: Callable[[], None]
+    blocked: Callable[[str], bool] = lambda ip: False  # NIP-86 `blockip`: the client IP may no longer talk to us
 
 
 def _is_utf8(data: str | bytes) -> bool:
@@ -75,13 +78,15 @@ def _is_utf8(data: str | bytes) -> bool:
 class Connection:
     """Serves one client socket until it closes; `run()` is the whole life.
 
-    `ip` is the client's address (rate limits); `relay_url` what its NIP-42
-    AUTH events must name.  `wire`, `outbox`, `subscriptions` (its live REQs)
+    `ip` is the client's address (rate limits, blocked IPs); `relay_url` what its NIP-42
+    AUTH events must name; `proxied`: its request carried X-Forwarded-For or Forwarded.  `wire`, `outbox`, `subscriptions` (its live REQs)
     and `negentropy` (its NIP-77 sessions) are its parts.
     """
 
-    def __init__(self, ws: ServerConnection, services: ConnectionServices, ip: str, relay_url: str) -> None:
+    def __init__(self, ws: ServerConnection, services: ConnectionServices, ip: str, relay_url: str,
+                 proxied: bool = False) -> None:
         self._services = services
+        self.ip = ip
         self._log_fields = structlog.contextvars.get_contextvars()  # conn_id, remote: bound by RelayServer._handle
         handlers, limits = services.handlers, services.handlers.limits
         self.wire = Wire(ws)
@@ -90,7 +95,7 @@ class Connection:
         access = ConnectionAccess(services.access, relay_url)
         self.negentropy = services.negentropy.sessions_for(self.wire.send, access)
         self._context = Context(handlers, self.wire.send, self.wire.send_watched, self.outbox, access,
-                                handlers.rate_limits.open(ip), self.subscriptions, self.negentropy,
+                                handlers.rate_limits.open(ip, proxied), self.subscriptions, self.negentropy,
                                 self.drop_slow_reader)
 
     async def run(self) -> None:
@@ -103,8 +108,12 @@ class Connection:
                 ctx.challenge()
             loop = asyncio.get_running_loop()
             slice_end = loop.time() + _TIME_SLICE_SECONDS
+            blocked = self._services.blocked
             while True:
                 message = await recv()
+                if blocked(self.ip):  # blocked while connected: from its next message on
+                    await self.wire.close(1008, BLOCKED)
+                    break
                 if not ctx.draining:
                     # The one broad catch of the message loop: a bug answers NOTICE, never kills the socket.
                     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 
 import orjson
@@ -19,14 +20,17 @@ def _version() -> str:
         return "0"
 
 
-def document(config: Config) -> bytes:
-    """The NIP-11 JSON document: identity from `[info]`, `limitation` from `[limits]`."""
+def document(config: Config, overrides: Mapping[str, str] | None = None) -> bytes:
+    """The NIP-11 JSON document: identity from `[info]`, `limitation` from `[limits]`; `overrides` are NIP-86's
+    name, description and icon, which win over `[info]`."""
     info, limits, auth = config.info, config.limits, config.auth
+    overrides = overrides or {}
+    extra = ([77] if config.negentropy.enabled else []) + ([86] if config.admin.pubkeys else [])  # NEG-*, NIP-86
+    extra += [50] if config.search.enabled else []  # NIP-50 search
     doc = {
-        "name": info.name,
-        "description": info.description,
-        "supported_nips": sorted(SUPPORTED_NIPS + ([77] if config.negentropy.enabled else [])  # 77: NEG-*
-                                 + ([50] if config.search.enabled else [])),  # 50: search
+        "name": overrides.get("name", info.name),
+        "description": overrides.get("description", info.description),
+        "supported_nips": sorted(SUPPORTED_NIPS + extra),
         "software": SOFTWARE,
         "version": _version(),
         "limitation": {
@@ -44,6 +48,8 @@ def document(config: Config) -> bytes:
             "restricted_writes": auth.restricts_writes,
         },
     }
+    if "icon" in overrides:
+        doc["icon"] = overrides["icon"]
     if info.pubkey:
         doc["pubkey"] = info.pubkey
     if info.contact:

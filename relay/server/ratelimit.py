@@ -10,7 +10,10 @@ its last one closes, until they would have refilled anyway
 (`burst / rate` seconds), at most `max_idle_ips` of them, so memory is bounded
 by the open connections.  The client IP is the socket's peer address, or the
 `X-Forwarded-For` client when the peer is a trusted proxy; exempt IPs are not
-limited at all.
+limited at all, nor (`exempt_loopback`) a loopback client whose request
+carries no `X-Forwarded-For` or `Forwarded` header: behind a proxy on this
+host every client is loopback, so such a request is limited (and a warning
+logged once) unless a trusted proxy named its client.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import sys
 import time
 from collections import OrderedDict
 
+import structlog
 from token_bucket import Limiter, MemoryStorage
 
 from relay.config import RateLimitConfig
@@ -37,9 +41,18 @@ MAX_IDLE_IPS = 100_000
 """Default: IPs without an open connection whose buckets are kept (the oldest are dropped first)."""
 _KEYS = ("events", "reqs", "neg_opens")
 
+log = structlog.get_logger(__name__)
+
 
 def _networks(items) -> list:
     return [ipaddress.ip_network(item, strict=False) for item in items]
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
 
 
 def _within(address: str, networks: list) -> bool:
@@ -114,6 +127,7 @@ class RateLimits:
         self._refill_seconds = max((burst / rate for rate, burst in self._per_ip if rate > 0), default=0.0)
         self._ips: dict[str, _IpState] = {}
         self._idle: OrderedDict[str, _IpState] = OrderedDict()
+        self._warned_proxy = False
 
     def client_ip(self, peer: str, forwarded_for: str | None) -> str:
         """The client's IP: `peer` (the socket's), or from `forwarded_for` when `peer` is a trusted proxy.
@@ -136,18 +150,20 @@ class RateLimits:
                 break
         return client
 
-    def admits(self, ip: str) -> bool:
+    def admits(self, ip: str, proxied: bool = False) -> bool:
         """False when `ip` is limited and has `ip_connections` connections open already (0: no bound):
-        the new one is closed with TOO_MANY_CONNECTIONS."""
+        the new one is closed with TOO_MANY_CONNECTIONS.  `proxied`: the request carried X-Forwarded-For
+        or Forwarded."""
         cap = self.config.ip_connections
-        if not cap or not self._limited(ip):
+        if not cap or not self._limited(ip, proxied):
             return True
         state = self._ips.get(ip)
         return state is None or state.connections < cap
 
-    def open(self, ip: str) -> ConnectionRate | None:
-        """The rate of a new connection from `ip`; None when it is not limited (disabled, or `ip` exempt)."""
-        if not self._limited(ip):
+    def open(self, ip: str, proxied: bool = False) -> ConnectionRate | None:
+        """The rate of a new connection from `ip`; None when it is not limited (disabled, or `ip` exempt);
+        `proxied` as for `admits`."""
+        if not self._limited(ip, proxied):
             return None
         self._forget_idle()
         state = self._ips.get(ip) or self._idle.pop(ip, None)
@@ -159,8 +175,18 @@ class RateLimits:
         state.connections += 1
         return ConnectionRate(ip, _Buckets(self._own), state)
 
-    def _limited(self, ip: str) -> bool:
-        return self.config.enabled and not _within(ip, self._exempt)
+    def _limited(self, ip: str, proxied: bool) -> bool:
+        if not self.config.enabled or _within(ip, self._exempt):
+            return False
+        if self.config.exempt_loopback and _is_loopback(ip):
+            if not proxied:
+                return False
+            if not self._warned_proxy:
+                self._warned_proxy = True
+                log.warning("rate_limits_proxy_not_trusted", remote=ip,
+                            hint="a loopback request named a client in X-Forwarded-For or Forwarded: it is rate "
+                                 "limited; list the proxy in [rate_limits] trusted_proxies")
+        return True
 
     def close(self, rate: ConnectionRate | None) -> None:
         """The connection holding `rate` is gone (or no longer limited); None does nothing."""

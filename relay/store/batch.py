@@ -26,6 +26,7 @@ NEWER_VERSION = (False, "duplicate: have a newer version")
 DELETED = (False, "blocked: this event was deleted")
 VANISHED = (False, "blocked: deleted at its author's request to vanish (NIP-62)")
 EVICTED = (False, "blocked: deleted here by retention; not taken back from peers")
+BANNED = (False, "blocked: banned by this relay's operator")
 
 DELETION_KIND = 5  # NIP-09
 UNDELETABLE_KINDS = (DELETION_KIND, VANISH_KIND)  # a kind-5 deletion of these has no effect (NIP-09, NIP-62)
@@ -103,6 +104,7 @@ class BatchState:
     live: dict[Coordinate, Row] = field(default_factory=dict)  # live version per coordinate
     vanished: dict[str, int] = field(default_factory=dict)  # NIP-62: hex pubkey -> created_at it vanished up to
     evicted: set[bytes] = field(default_factory=set)  # ids removed by retention (refused from peers only)
+    banned: set[str] = field(default_factory=set)  # hex ids of the batch's banned events or authors' (moderation)
 
 
 @dataclass(slots=True)
@@ -128,6 +130,8 @@ class BatchPlan:
         self.outcomes.append(self._settle(event, origin))
 
     def _settle(self, event: Event, origin: str) -> tuple[bool, str]:
+        if event.id in self.state.banned:
+            return BANNED  # a ban committed while the event waited in the writer queue
         idb, pk = bytes.fromhex(event.id), bytes.fromhex(event.pubkey)
         # Before the duplicate check: a request earlier in this batch deletes stored events only at write time.
         if self.state.vanished and covered(event, self.state.vanished):

@@ -13,7 +13,8 @@ accepted, whatever their order:
   survives deletion, so an older version never comes back.
 - a `vanished` record (NIP-62) refuses its author's events, and gift wraps
   p-tagging it, up to its `until`;
-- an `evictions` record (retention) refuses the event when a peer sends it.
+- an `evictions` record (retention) refuses the event when a peer sends it;
+- a ban (relay/store/moderation.py) refuses the event, or its author's events, from every source.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Protocol
 import orjson
 
 from relay.protocol.event import Event
-from relay.store import evidence, vanish
+from relay.store import evidence, moderation, vanish
 from relay.store.db import transaction
 from relay.store.batch import (
     DELETION_KIND,
@@ -129,6 +130,7 @@ def _read_state(cur: sqlite3.Cursor, writes: list[Write]) -> BatchState:
                                                                   vanish.pubkeys_to_check(cur, events))}
     from_peers = [bytes.fromhex(w.event.id) for w in writes if w.origin]
     state.evicted = {r[0] for r in ids_in(cur, "SELECT id FROM evictions WHERE id IN ({})", from_peers)}
+    state.banned = moderation.refused(cur, events)
     coordinates: dict[Coordinate, None] = {}
     for event in events:
         pk = bytes.fromhex(event.pubkey)

@@ -25,8 +25,9 @@ pushing), the deletion and the deleted version are sent to the peer
 Replies that mean "the peer (or we) already settled this" are not errors
 (`classify` for the peer's OK messages, `classify_outcome` for ours):
 duplicates, a newer version held, a deleted or expired event, strfry's
-`replaced:`, an id the peer no longer serves.  Needed ids that retention
-evicted here are settled without being fetched.
+`replaced:`, an id the peer no longer serves, an event or author banned
+here.  Needed ids that retention evicted or that are banned here are
+settled without being fetched.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from relay.ingest import Ingest, Outcome, Source
-from relay.ingest.outcome import DELETED, DUPLICATE, EPHEMERAL, EVICTED, EXPIRED, NEWER_VERSION, VANISHED
+from relay.ingest.outcome import BANNED, DELETED, DUPLICATE, EPHEMERAL, EVICTED, EXPIRED, NEWER_VERSION, VANISHED
 from relay.protocol.event import RAW_ID, Event
 from relay.protocol.filters import Filter, parse_filter
 from relay.protocol.information import keeps_deletion_marks
@@ -60,7 +61,7 @@ NOT_SENT = "not sent: the peer is not this relay software (NIP-11), which keeps 
 MISSING = "missing: the peer did not serve it (expired or deleted there?)"
 GONE_LOCALLY = "gone: no longer stored here (superseded, deleted or expired)"
 EVICTED_HERE = "evicted: removed here by retention, not fetched back"
-SETTLED_HERE = frozenset({DUPLICATE, NEWER_VERSION, DELETED, VANISHED, EVICTED, EXPIRED, EPHEMERAL})
+SETTLED_HERE = frozenset({DUPLICATE, NEWER_VERSION, DELETED, VANISHED, EVICTED, EXPIRED, EPHEMERAL, BANNED})
 """Our own outcomes that settle a fetched event: held here already, or never to be."""
 LASTING_CAP = 10_000  # differences remembered from one run to the next (a catch-up run has more: not compared)
 
@@ -269,6 +270,11 @@ class _Fetcher:
             ids = [i for i in ids if bytes.fromhex(i) not in evicted]
             self.report.settled[EVICTED_HERE] += len(evicted)
             self.report.fetch_done += len(evicted)
+        moderation = self.intake.ingest.moderation
+        if moderation is not None and (banned := [i for i in ids if moderation.is_banned_event(i)]):
+            ids = [i for i in ids if i not in banned]  # settled like a tombstone: never fetched back
+            self.report.settled[BANNED.message] += len(banned)
+            self.report.fetch_done += len(banned)
         wanted = set(ids)
 
         def asked_for(event: Event) -> None:

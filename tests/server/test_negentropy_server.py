@@ -11,6 +11,7 @@ NIP-01 limit order (created_at descending, lowest id first).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import sqlite3
 import time
@@ -375,19 +376,25 @@ def test_config_checks_frame_size_against_message_size_and_filters():
 TIMEOUT = timedelta(seconds=5)
 
 
+@contextlib.asynccontextmanager
+async def sdk_relay(url: str):
+    """(nostr-sdk client, its handle of the relay at `url`), connected; shut down on exit."""
+    client = sdk.ClientBuilder().build()
+    relay_url = sdk.RelayUrl.parse(url)
+    try:
+        assert await client.add_relay(relay_url)
+        await client.connect(TIMEOUT)
+        yield client, await client.relay(relay_url)
+    finally:
+        await client.shutdown()
+
+
 async def sdk_sync(relay: Relay, filt: sdk.Filter, items: set[tuple[int, bytes]]) -> sdk.RelaySyncSummary:
     """nostr-sdk's negentropy sync (dry run: reconcile only) of `items` against the relay."""
-    client = sdk.ClientBuilder().build()
-    url = sdk.RelayUrl.parse(relay.url)
-    try:
-        assert await client.add_relay(url)
-        await client.connect(TIMEOUT)
-        handle = await client.relay(url)
+    async with sdk_relay(relay.url) as (_, handle):
         negentropy_items = [sdk.NegentropyItem(id=sdk.EventId.parse(i.hex()), timestamp=sdk.Timestamp.from_secs(t))
                             for t, i in items]
         return await handle.sync(filt, negentropy_items, sdk.SyncOptions().dry_run())
-    finally:
-        await client.shutdown()
 
 
 def hexes(event_ids) -> set[str]:

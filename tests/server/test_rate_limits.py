@@ -20,7 +20,7 @@ UNLIMITED = {f"{scope}{what}_per_second": 0.0 for scope in ("", "ip_") for what 
 
 def limits(**values) -> dict:
     """A [rate_limits] section: loopback not exempt, everything unlimited but `values`."""
-    return {"rate_limits": {"exempt": [], **UNLIMITED, **values}}
+    return {"rate_limits": {"exempt": [], "exempt_loopback": False, **UNLIMITED, **values}}
 
 
 async def test_connection_limits_answer_rate_limited_and_the_connection_keeps_working(start, alice):

@@ -60,7 +60,8 @@ async def test_a_peer_authenticated_by_pubkey_is_that_peer(tmp_path, alice, bob)
     # b takes only kind 1 from clients and one EVENT per connection; its peer a is held to neither.
     a = Relay(config("a", "b"))
     b = Relay(config("b", "a", auth={"allow_kinds": [1]},
-                     rate_limits={"exempt": [], "events_per_second": 0.01, "events_burst": 1}))
+                     rate_limits={"exempt": [], "exempt_loopback": False, "events_per_second": 0.01,
+                                  "events_burst": 1}))
     await a.start()
     await b.start()
     try:

@@ -144,7 +144,8 @@ async def test_ids_reported_twice_are_fetched_and_pushed_once(tmp_path, alice):
 async def test_sync_waits_out_the_peer_rate_limits(tmp_path, alice):
     """A peer on strict rate limits answers part of our REQs and EVENTs with "rate-limited:": the client
     pauses and sends them again, and converges with no error (a default public relay limits us this way)."""
-    limits = {"exempt": [], "reqs_per_second": 10, "reqs_burst": 1, "events_per_second": 500, "events_burst": 5}
+    limits = {"exempt": [], "exempt_loopback": False, "reqs_per_second": 10, "reqs_burst": 1,
+              "events_per_second": 500, "events_burst": 5}
     peer_config = local_config(tmp_path, "peer", rate_limits=limits)
     remote_only, local_only, common = split_sets(alice, 120)
     await seed(peer_config, remote_only + common)

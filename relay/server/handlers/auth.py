@@ -17,7 +17,8 @@ log = structlog.get_logger(__name__)
 
 
 async def handle_auth(ctx: Context, envelope: AuthEnvelope) -> None:
-    """Check the signed kind-22242 event and answer OK; a peer's connection is no longer rate limited."""
+    """Check the signed kind-22242 event and answer OK; a peer's or a trusted pubkey's connection is no longer
+    rate limited."""
     obj = envelope.event
     ref = obj.get("id")
     if ctx.rate is not None and not ctx.rate.allow(EVENTS):  # an AUTH costs a signature check, as an EVENT
@@ -32,5 +33,9 @@ async def handle_auth(ctx: Context, envelope: AuthEnvelope) -> None:
         ctx.services.rate_limits.close(ctx.rate)
         ctx.rate = None
         ctx.source = Source.client(peer=ctx.access.origin)
+    elif ctx.rate is not None and ctx.services.trusted(pubkey):  # [rate_limits] trusted_pubkeys, NIP-86 trustpubkey
+        ctx.services.rate_limits.close(ctx.rate)
+        ctx.rate = None
+        ctx.source = Source.client(ctx.source.may_publish)
     log.info("authenticated", pubkey=pubkey, peer=ctx.access.origin or None)
     await ctx.send(encode_ok(ref, True, ""))

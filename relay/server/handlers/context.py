@@ -43,7 +43,8 @@ class Services:
     `ingest` takes every EVENT (relay/ingest/: rules of the connection's
     `Source`, signature, writer); `internal_error(what, exc, **fields)` logs a
     failure and returns the client's "error: internal"; `stored_results`
-    bounds the unsent REQ results of all connections (bytes).
+    bounds the unsent REQ results of all connections (bytes); `trusted(pubkey)`: a connection
+    authenticated as `pubkey` is no longer rate limited.
     """
 
     limits: LimitsConfig
@@ -54,6 +55,7 @@ class Services:
     rate_limits: RateLimits
     metrics: HandlerMetrics
     internal_error: Callable[..., str]
+    trusted: Callable[[str], bool] = lambda pubkey: False  # not rate limited once authenticated (moderation.py)
 
 
 class Context:

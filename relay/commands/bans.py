@@ -1,0 +1,108 @@
+"""`relay ban event|pubkey`, `relay unban event|pubkey|ip`, `relay bans [--json]`: the moderation lists from
+the command line.
+
+Each command opens the store as `relay serve` does (relay/node.py
+`open_store`, with its transaction hooks) and changes the lists through
+the same `Moderation` the NIP-86 API uses (relay/ingest/moderation.py), so
+a banned event leaves with its tag rows, projected rows and negentropy
+entries, and `relay verify` stays clean.  A relay serving the same database
+reads the change within `[admin] refresh_seconds`.  Bans are per database:
+on a mesh, ban on each node.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import sys
+
+from relay.config import Config
+from relay.ingest.moderation import Moderation
+from relay.node import open_store
+from relay.protocol.event import is_hex64
+from relay.store.moderation import BANNED_EVENT, BANNED_PUBKEY, BLOCKED_IP, PURGE_PUBKEY
+
+_LISTS = {"pubkey": (BANNED_PUBKEY, PURGE_PUBKEY), "event": (BANNED_EVENT,), "ip": (BLOCKED_IP,)}
+"""What `relay unban WHAT X` takes X off; a pubkey's unfinished purge stops with its ban."""
+
+
+def _valid(what: str, item: str) -> str | None:
+    """`item` as stored for `what` (event, pubkey: 64 lowercase hex; ip: an address or network), else None."""
+    if what != "ip":
+        return item if is_hex64(item) else None
+    try:
+        return str(ipaddress.ip_network(item, strict=False))
+    except ValueError:
+        return None
+
+
+async def _open(config: Config) -> Moderation:
+    return await Moderation.open(await open_store(config, read_connections=1), config)
+
+
+async def run_ban(config: Config, what: str, item: str, reason: str, purge: bool) -> int:
+    """`relay ban event ID | pubkey PK [--purge]`: exit 0; 2 (message on stderr) for a malformed ID or PK.
+
+    An event is removed at once if stored; a pubkey's stored events are
+    removed too with `--purge` or `[admin] purge_on_ban`, in batches (run
+    again to resume a purge cut short).
+    """
+    if _valid(what, item) is None:
+        print(f"relay ban: {what} must be 64 lowercase hex characters, got {item!r}", file=sys.stderr)
+        return 2
+    moderation = await _open(config)
+    try:
+        if what == "event":
+            removed = await moderation.ban_event(item, reason)
+            print(f"relay ban: event {item} banned; {'removed' if removed else 'was not stored'}")
+            return 0
+        purge = purge or config.admin.purge_on_ban
+        await moderation.ban_pubkey(item, reason, purge)
+        removed = await moderation.purge(item) if purge else 0
+        print(f"relay ban: pubkey {item} banned" + (f"; {removed} stored events removed" if purge else ""))
+        return 0
+    finally:
+        await moderation.store.close()
+
+
+async def run_unban(config: Config, what: str, item: str) -> int:
+    """`relay unban event|pubkey|ip X`: exit 0 when X was banned (blocked), 1 when it was not, 2 when malformed.
+
+    An unbanned event or pubkey may be published again; what a ban removed stays removed.
+    """
+    key = _valid(what, item)
+    if key is None:
+        print(f"relay unban: not a valid {what}: {item!r}", file=sys.stderr)
+        return 2
+    moderation = await _open(config)
+    try:
+        gone = await moderation.remove(_LISTS[what], key)
+    finally:
+        await moderation.store.close()
+    print(f"relay unban: {what} {key} " + ("unbanned" if gone else "was not banned"))
+    return 0 if gone else 1
+
+
+async def run_bans(config: Config, as_json: bool) -> int:
+    """`relay bans [--json]`: banned pubkeys (with unfinished purges), banned events and blocked IPs.
+
+    JSON shape: `{"pubkeys": [{"pubkey", "reason", "at", "purging"}], "events": [{"id", "reason", "at"}],
+    "ips": [{"ip", "reason", "at"}]}`, `at` in unix seconds; else one tab-separated line each.
+    """
+    moderation = await _open(config)
+    await moderation.store.close()
+    purging = {e.item for e in moderation.entries(PURGE_PUBKEY)}
+    found = {
+        "pubkeys": [{"pubkey": e.item, "reason": e.reason, "at": e.at, "purging": e.item in purging}
+                    for e in moderation.entries(BANNED_PUBKEY)],
+        "events": [{"id": e.item, "reason": e.reason, "at": e.at} for e in moderation.entries(BANNED_EVENT)],
+        "ips": [{"ip": e.item, "reason": e.reason, "at": e.at} for e in moderation.entries(BLOCKED_IP)],
+    }
+    if as_json:
+        print(json.dumps(found, ensure_ascii=False))
+        return 0
+    for what, rows in found.items():
+        for row in rows:
+            values = list(row.values())
+            print("\t".join([what[:-1], *map(str, values)]))
+    return 0

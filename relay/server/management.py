@@ -1,0 +1,257 @@
+"""NIP-86 relay management API on the relay's port: JSON-RPC over HTTP POST, authorized by NIP-98.
+
+How this works: `ManagementApi.handle` answers a POST whose Content-Type is
+`application/nostr+json+rpc` (else 415).  Its `Authorization` must hold a
+NIP-98 event (relay/protocol/nip98.py) naming `[server] public_url`, POST
+and this body's SHA-256, signed by a pubkey of `[admin] pubkeys`, not used
+before (else 401 with a JSON `error`).  The body is `{"method": ...,
+"params": [...]}`; the answer `{"result": ...}`, or `{"error": "<NIP-01
+prefix>: ..."}` with status 200 for an unknown method or bad params.  Each
+method changes the moderation lists (relay/ingest/moderation.py), which
+apply to the next message on every connection once the answer is sent.
+`METHODS` lists them: NIP-86's, and ours (`trustpubkey`, `untrustpubkey`,
+`listtrustedpubkeys`: connections authenticated as a trusted pubkey are not
+rate limited).  The lists answer the effective rules: the configuration's
+kinds, writers and trusted pubkeys with the database's.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+
+import orjson
+import structlog
+
+from relay.config import Config
+from relay.ingest.moderation import Moderation
+from relay.protocol.event import MAX_KIND, EventLimits, is_hex64
+from relay.protocol.nip98 import check_http_auth
+from relay.protocol.rejection import Rejection
+from relay.server.wire.http import HttpRequest, HttpResponse, route_path
+from relay.store import moderation as lists
+
+log = structlog.get_logger(__name__)
+
+CONTENT_TYPE = "application/nostr+json+rpc"
+"""NIP-86: the media type of a management request and of its answer."""
+MAX_REPORTED = 1000
+"""Events `listeventsneedingmoderation` returns at most."""
+
+
+class MethodError(ValueError):
+    """A call NIP-86 answers with `error` (status 200): the message carries its NIP-01 prefix."""
+
+
+def _json(status: HTTPStatus, body: dict) -> HttpResponse:
+    return HttpResponse(status, orjson.dumps(body), CONTENT_TYPE)
+
+
+def _param(params: list, i: int, what: str, valid: Callable[[object], bool], optional: bool = False) -> object:
+    if len(params) <= i:
+        if optional:
+            return ""
+        raise MethodError(f"invalid: params[{i}] must be {what}")
+    if not valid(params[i]):
+        raise MethodError(f"invalid: params[{i}] must be {what}, got {params[i]!r:.80}")
+    return params[i]
+
+
+def _hex64(params: list, what: str) -> str:
+    return _param(params, 0, f"a 64-character lowercase hex {what}", is_hex64)
+
+
+def _reason(params: list) -> str:
+    return _param(params, 1, "a string (the reason)", lambda v: type(v) is str, optional=True)
+
+
+def _kind(params: list) -> str:
+    return str(_param(params, 0, f"a kind from 0 to {MAX_KIND}", lambda v: type(v) is int and 0 <= v <= MAX_KIND))
+
+
+def _is_ip(value: object) -> bool:
+    if type(value) is not str:  # (ipaddress takes integers too)
+        return False
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _ip(params: list) -> str:
+    return str(ipaddress.ip_network(_param(params, 0, "an IP address or network", _is_ip), strict=False))
+
+
+def _text(params: list) -> str:
+    return _param(params, 0, "a string", lambda v: type(v) is str and len(v) <= 4096)
+
+
+Method = Callable[[Moderation, list], Awaitable[object]]
+
+
+async def _add(name: str, parse: Callable[[list], str], drop: tuple[str, ...], moderation: Moderation,
+               params: list) -> bool:
+    await moderation.add(name, parse(params), _reason(params), drop)
+    return True
+
+
+async def _remove(names: tuple[str, ...], parse: Callable[[list], str], moderation: Moderation,
+                  params: list) -> bool:
+    await moderation.remove(names, parse(params))
+    return True
+
+
+def _pubkey(params: list) -> str:
+    return _hex64(params, "pubkey")
+
+
+def _event_id(params: list) -> str:
+    return _hex64(params, "event id")
+
+
+async def _ban_pubkey(moderation: Moderation, params: list) -> bool:
+    await moderation.ban_pubkey(_pubkey(params), _reason(params))
+    return True
+
+
+async def _ban_event(moderation: Moderation, params: list) -> bool:
+    await moderation.ban_event(_event_id(params), _reason(params))
+    return True
+
+
+async def _needing_moderation(moderation: Moderation, params: list) -> list[dict]:
+    return [{"id": id_, "reason": reason} for id_, reason in await moderation.reported(MAX_REPORTED)]
+
+
+def _info(field: str) -> Method:
+    async def change(moderation: Moderation, params: list) -> bool:
+        value = _text(params)
+        if value:
+            await moderation.add(lists.INFO, field, value)
+        else:  # "" sets it back to [info]'s
+            await moderation.remove((lists.INFO,), field)
+        return True
+    return change
+
+
+def _lister(name: str, key: str) -> Method:
+    async def listed(moderation: Moderation, params: list) -> list[dict]:
+        return [{key: e.item, "reason": e.reason} for e in moderation.effective(name)]
+    return listed
+
+
+def _kinds(allowed: bool) -> Method:
+    async def listed(moderation: Moderation, params: list) -> list[int]:
+        rules = moderation.kinds
+        return sorted(rules.allow or ()) if allowed else sorted(rules.deny)
+    return listed
+
+
+def _method(fn: Callable, *args) -> Method:
+    return lambda moderation, params: fn(*args, moderation, params)
+
+
+METHODS: dict[str, Method] = {
+    "banpubkey": _ban_pubkey,
+    "unbanpubkey": _method(_remove, (lists.BANNED_PUBKEY, lists.PURGE_PUBKEY), _pubkey),
+    "listbannedpubkeys": _lister(lists.BANNED_PUBKEY, "pubkey"),
+    "allowpubkey": _method(_add, lists.ALLOWED_PUBKEY, _pubkey, (lists.BANNED_PUBKEY, lists.PURGE_PUBKEY)),
+    "unallowpubkey": _method(_remove, (lists.ALLOWED_PUBKEY,), _pubkey),
+    "listallowedpubkeys": _lister(lists.ALLOWED_PUBKEY, "pubkey"),
+    "listeventsneedingmoderation": _needing_moderation,
+    "allowevent": _method(_add, lists.ALLOWED_EVENT, _event_id, (lists.BANNED_EVENT,)),
+    "unallowevent": _method(_remove, (lists.ALLOWED_EVENT,), _event_id),
+    "banevent": _ban_event,
+    "unbanevent": _method(_remove, (lists.BANNED_EVENT,), _event_id),
+    "listbannedevents": _lister(lists.BANNED_EVENT, "id"),
+    "listallowedevents": _lister(lists.ALLOWED_EVENT, "id"),
+    "changerelayname": _info("name"),
+    "changerelaydescription": _info("description"),
+    "changerelayicon": _info("icon"),
+    "allowkind": _method(_add, lists.ALLOWED_KIND, _kind, (lists.DISALLOWED_KIND,)),
+    "disallowkind": _method(_add, lists.DISALLOWED_KIND, _kind, (lists.ALLOWED_KIND,)),
+    "listallowedkinds": _kinds(allowed=True),
+    "listdisallowedkinds": _kinds(allowed=False),
+    "blockip": _method(_add, lists.BLOCKED_IP, _ip, ()),
+    "unblockip": _method(_remove, (lists.BLOCKED_IP,), _ip),
+    "listblockedips": _lister(lists.BLOCKED_IP, "ip"),
+    # ours: a trusted pubkey's connections are not rate limited once authenticated (NIP-42)
+    "trustpubkey": _method(_add, lists.TRUSTED_PUBKEY, _pubkey, ()),
+    "untrustpubkey": _method(_remove, (lists.TRUSTED_PUBKEY,), _pubkey),
+    "listtrustedpubkeys": _lister(lists.TRUSTED_PUBKEY, "pubkey"),
+}
+"""Every method but `supportedmethods`, by name: `await METHODS[name](moderation, params)` -> its result.
+
+Raises:
+    MethodError: bad params.
+"""
+
+
+class ManagementApi:
+    """The NIP-86 endpoint of one relay: `handle` answers POSTs to `path`, the path of `[server] public_url`
+    ("/" without one) (its route: relay/server/app.py)."""
+
+    def __init__(self, config: Config, moderation: Moderation, limits: EventLimits) -> None:
+        self.moderation = moderation
+        self.admins = frozenset(config.admin.pubkeys)
+        self.url = config.server.public_url
+        self.path = route_path(self.url) or "/"  # NIP-86: the relay's own URI, as NIP-98's u tag names it
+        self.max_age_seconds = config.admin.auth_max_age_seconds
+        self.limits = limits
+        self._used: dict[str, float] = {}  # auth event id -> unix time its window ends (no replay)
+
+    async def handle(self, request: HttpRequest) -> HttpResponse:
+        """Answer one NIP-86 request: 415 for another Content-Type, 401 for bad auth, else 200 (see module)."""
+        media_type = request.header("content-type").partition(";")[0].strip().lower()
+        if media_type != CONTENT_TYPE:
+            return _json(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": f"invalid: Content-Type must be {CONTENT_TYPE}"})
+        try:
+            pubkey = self._authorize(request)
+        except Rejection as rejection:
+            log.info("management_unauthorized", reason=str(rejection))
+            return _json(HTTPStatus.UNAUTHORIZED, {"error": str(rejection)})
+        try:
+            method, params = _parse(request.body)
+            result = await self._call(method, params)
+        except MethodError as exc:
+            return _json(HTTPStatus.OK, {"result": None, "error": str(exc)})
+        log.info("management_call", method=method, pubkey=pubkey)
+        return _json(HTTPStatus.OK, {"result": result})
+
+    def _authorize(self, request: HttpRequest) -> str:
+        """The admin pubkey that signed `request`'s NIP-98 event; its id is then used up."""
+        now = time.time()
+        event = check_http_auth(request.header("authorization"), self.url, request.method, request.body, now,
+                                self.max_age_seconds, self.limits)
+        if event.pubkey not in self.admins:
+            raise Rejection("restricted", "this pubkey is not an admin of this relay")
+        self._used = {i: end for i, end in self._used.items() if end >= now}  # only admins' events: few
+        if event.id in self._used:
+            raise Rejection("invalid", "NIP-98: this auth event was used already")
+        self._used[event.id] = event.created_at + self.max_age_seconds
+        return event.pubkey
+
+    async def _call(self, method: str, params: list) -> object:
+        if method == "supportedmethods":
+            return ["supportedmethods", *METHODS]
+        call = METHODS.get(method)
+        if call is None:
+            raise MethodError(f"invalid: unknown method {method!r:.80}")
+        return await call(self.moderation, params)
+
+
+def _parse(body: bytes) -> tuple[str, list]:
+    """(method, params) of a NIP-86 request body; raises MethodError."""
+    try:
+        request = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise MethodError("invalid: the body is not JSON") from None
+    if type(request) is not dict or type(request.get("method")) is not str:
+        raise MethodError('invalid: the body must be {"method": "<name>", "params": [...]}')
+    params = request.get("params", [])
+    if type(params) is not list:
+        raise MethodError("invalid: params must be an array")
+    return request["method"], params

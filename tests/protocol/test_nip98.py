@@ -1,0 +1,67 @@
+"""NIP-98 HTTP auth checks (pure): auth events signed by hand with coincurve (tests.helpers.Keys)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+
+import pytest
+
+from relay.protocol.event import EventLimits
+from relay.protocol.nip98 import check_http_auth
+from relay.protocol.rejection import Rejection
+from tests.helpers import Keys
+
+URL = "wss://relay.example/"
+BODY = b'{"method":"supportedmethods","params":[]}'
+NOW = 1_750_000_000
+
+
+def header(keys: Keys, tags: list | None = None, kind: int = 27235, created_at: int = NOW) -> str:
+    tags = [["u", URL], ["method", "POST"], ["payload", hashlib.sha256(BODY).hexdigest()]] if tags is None else tags
+    event = keys.sign(kind=kind, tags=tags, created_at=created_at)
+    return "Nostr " + base64.b64encode(json.dumps(event).encode()).decode()
+
+
+def check(authorization: str, url: str = URL, method: str = "POST", body: bytes = BODY):
+    return check_http_auth(authorization, url, method, body, NOW, 60, EventLimits())
+
+
+def test_a_valid_auth_event_names_its_signer(alice):
+    """The u tag in either scheme, with or without a trailing slash; the method in any case."""
+    assert check(header(alice)).pubkey == alice.pubkey
+    assert check(header(alice), url="https://relay.example", method="post").pubkey == alice.pubkey
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda k: "", "auth-required: "),
+    (lambda k: "Bearer abc", "auth-required: "),
+    (lambda k: "Nostr %%%", "invalid: NIP-98: the authorization is not"),
+    (lambda k: "Nostr " + base64.b64encode(b"[1,2]").decode(), "invalid: "),
+    (lambda k: header(k, kind=1), "invalid: NIP-98: the auth event must be of kind 27235"),
+    (lambda k: header(k, created_at=NOW - 61), "invalid: NIP-98: the auth event's created_at"),
+    (lambda k: header(k, [["u", "wss://other.example"], ["method", "POST"],
+                          ["payload", hashlib.sha256(BODY).hexdigest()]]), "invalid: NIP-98: the u tag"),
+    (lambda k: header(k, [["method", "POST"], ["payload", hashlib.sha256(BODY).hexdigest()]]),
+     "invalid: NIP-98: the u tag"),
+    (lambda k: header(k, [["u", URL], ["method", "GET"], ["payload", hashlib.sha256(BODY).hexdigest()]]),
+     "invalid: NIP-98: the method tag"),
+    (lambda k: header(k, [["u", URL], ["method", "POST"]]), "invalid: NIP-98: the payload tag"),
+    (lambda k: header(k, [["u", URL], ["method", "POST"], ["payload", hashlib.sha256(b"other").hexdigest()]]),
+     "invalid: NIP-98: the payload tag"),
+])
+def test_a_wrong_authorization_is_refused_with_a_prefix(alice, make, says):
+    """Each wrong part is named, with a NIP-01 / NIP-42 prefix."""
+    with pytest.raises(Rejection) as refused:
+        check(make(alice))
+    assert str(refused.value).startswith(says)
+
+
+def test_a_bad_signature_is_refused(alice, bob):
+    """An event whose sig belongs to another key: "invalid: bad signature"."""
+    event = alice.sign(kind=27235, tags=[["u", URL], ["method", "POST"],
+                                         ["payload", hashlib.sha256(BODY).hexdigest()]], created_at=NOW)
+    event["sig"] = bob.sign(kind=27235, created_at=NOW)["sig"]
+    with pytest.raises(Rejection, match="bad signature"):
+        check("Nostr " + base64.b64encode(json.dumps(event).encode()).decode())

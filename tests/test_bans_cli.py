@@ -1,0 +1,73 @@
+"""`relay ban`, `relay unban`, `relay bans` as subprocesses on a real database, and on one a relay serves."""
+
+from __future__ import annotations
+
+import json
+
+from relay.node import open_store
+from tests.conftest import make_config
+from tests.helpers import Client, eventually
+from tests.inprocess import Relay
+from tests.served import relay_cli_async
+from tests.store.test_bans import _event
+
+
+async def _cli(db, *args) -> tuple[int, str, str]:
+    return await relay_cli_async(*args, "--db", db)
+
+
+async def _verify(db) -> None:
+    code, out, _ = await _cli(db, "verify")
+    assert code == 0, out
+
+
+async def test_ban_unban_and_bans_keep_verify_clean(tmp_path, alice, bob):
+    """ban event (removed), ban pubkey --purge (its events removed, in batches), bans --json lists both,
+    unban lifts them (exit 1 for something not banned, 2 for a malformed id); relay verify clean after each."""
+    config = make_config(tmp_path, admin={"purge_batch_size": 2})
+    db = config.store.path
+    store = await open_store(config)
+    spam = bob.sign(content="spam", tags=[["t", "x"]])
+    for e in [alice.sign(kind=0, content='{"name":"a"}')] + [alice.sign(content=str(i)) for i in range(4)] + [spam]:
+        assert (await store.submit(_event(config, e)))[0]
+    await store.close()
+
+    code, out, _ = await _cli(db, "ban", "event", spam["id"], "--reason", "spam")
+    assert code == 0 and "removed" in out
+    await _verify(db)
+    code, out, _ = await _cli(db, "ban", "pubkey", alice.pubkey, "--purge")
+    assert code == 0 and "5 stored events removed" in out
+    await _verify(db)
+    code, out, _ = await _cli(db, "bans", "--json")
+    assert json.loads(out) == {
+        "pubkeys": [{"pubkey": alice.pubkey, "reason": "", "at": json.loads(out)["pubkeys"][0]["at"],
+                     "purging": False}],
+        "events": [{"id": spam["id"], "reason": "spam", "at": json.loads(out)["events"][0]["at"]}], "ips": []}
+    assert (await _cli(db, "unban", "pubkey", alice.pubkey))[0] == 0
+    assert (await _cli(db, "unban", "event", spam["id"]))[0] == 0
+    assert (await _cli(db, "unban", "ip", "192.0.2.1"))[0] == 1
+    assert (await _cli(db, "unban", "event", "XYZ"))[0] == 2
+    assert (await _cli(db, "ban", "pubkey", "npub1nothex"))[0] == 2
+    code, out, _ = await _cli(db, "bans")
+    assert (code, out) == (0, "")
+    await _verify(db)
+
+
+async def test_a_ban_from_the_command_line_reaches_a_running_relay(tmp_path, alice):
+    """`relay ban pubkey` in another process while the relay serves: within refresh_seconds the author's
+    next EVENT on an open connection gets "blocked:"."""
+    relay = Relay(make_config(tmp_path, admin={"refresh_seconds": 0.1}))
+    await relay.start()
+    try:
+        client = await Client.connect(relay.url)
+        assert (await client.publish(alice.sign(content="before")))[2] is True
+        assert (await _cli(relay.config.store.path, "ban", "pubkey", alice.pubkey))[0] == 0
+
+        async def blocked() -> bool:
+            ok = await client.publish(alice.sign(content="after"))
+            return ok[2] is False and ok[3].startswith("blocked: ")
+
+        assert await eventually(blocked)
+        await client.close()
+    finally:
+        await relay.stop()
