@@ -69,7 +69,11 @@ def _projector_parsers(commands, common: argparse.ArgumentParser) -> None:
     query.add_argument("table", help="a projected table, e.g. profiles")
     query.add_argument("--where", help="an SQL condition, e.g. \"name LIKE 'a%%'\" (read-only connection)")
     query.add_argument("--limit", type=int, help="rows to print at most (default: all)")
-    query.add_argument("--json", action="store_true", help="one JSON object per line instead of tab-separated")
+    shape = query.add_mutually_exclusive_group()
+    shape.add_argument("--json", dest="output", action="store_const", const="json",
+                       help="one JSON object per line instead of tab-separated")
+    shape.add_argument("--csv", dest="output", action="store_const", const="csv", help="CSV (RFC 4180) with a header")
+    query.set_defaults(output="tsv")
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -145,7 +149,7 @@ def _run_projector_command(config: Config, args: argparse.Namespace) -> int:
     if args.command == "verify":
         return pc.run_verify(config)
     if args.command == "query":
-        return pc.run_query(config, args.table, args.where, args.json, args.limit)
+        return pc.run_query(config, args.table, args.where, args.output, args.limit)
     if args.action == "list":
         return pc.run_projectors_list(config)
     if args.action == "rebuild":

@@ -7,6 +7,7 @@ run beside `relay serve` (WAL readers never block the writer).
 
 from __future__ import annotations
 
+import csv
 import sqlite3
 import sys
 import time
@@ -175,21 +176,15 @@ def run_projectors_rebuild(config: Config, name: str) -> int:
 
 
 def run_projectors_refusals(config: Config, projector: str | None, limit: int, as_json: bool) -> int:
-    """`relay projectors refusals`: the newest refusals first (time, projector, event id, reason)."""
+    """`relay projectors refusals`: the newest refusals first (time, projector, event id, reason); "none" when
+    there are none (nothing with --json)."""
     conn = _open_readonly(config.store.path)
     if conn is None:
         return 2
     with closing(conn):
-        if not _has_refusal_log(conn):
-            return 0
-        sql = "SELECT at, projector, event_id, reason FROM projector_refusals"
-        params: list = []
-        if projector is not None:
-            sql += " WHERE projector = ?"
-            params.append(projector)
-        sql += " ORDER BY seq DESC LIMIT ?"
-        params.append(limit)
-        rows = conn.execute(sql, params).fetchall()
+        rows = _refusals(conn, projector, limit) if _has_refusal_log(conn) else []
+    if not rows and not as_json:  # an empty answer would look like a failed command
+        print("none" if projector is None else f"none for {projector}")
     for at, name, event_id, reason in rows:
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
         if as_json:
@@ -200,11 +195,33 @@ def run_projectors_refusals(config: Config, projector: str | None, limit: int, a
     return 0
 
 
-def run_query(config: Config, table: str, where: str | None, as_json: bool, limit: int | None) -> int:
-    """`relay query TABLE [--where SQL] [--json] [--limit N]`: rows of a projected table.
+def _refusals(conn: sqlite3.Connection, projector: str | None, limit: int) -> list[tuple]:
+    sql = "SELECT at, projector, event_id, reason FROM projector_refusals"
+    params: list = []
+    if projector is not None:
+        sql += " WHERE projector = ?"
+        params.append(projector)
+    sql += " ORDER BY seq DESC LIMIT ?"
+    params.append(limit)
+    return conn.execute(sql, params).fetchall()
 
-    Tab-separated with a header line, or one JSON object per line with
-    `--json`.  `--where` is an SQL expression run on a read-only connection.
+
+_TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def tsv_field(value: object) -> str:
+    """One value as a TSV field (PostgreSQL's COPY text format): NULL is `\\N`; backslash, tab, newline
+    and carriage return are escaped, so a row is always one line."""
+    return "\\N" if value is None else str(value).translate(_TSV_ESCAPES)
+
+
+def run_query(config: Config, table: str, where: str | None, output: str, limit: int | None) -> int:
+    """`relay query TABLE [--where SQL] [--json | --csv] [--limit N]`: rows of a projected table.
+
+    `output` "tsv": tab-separated with a header line, one line per row
+    (`tsv_field`); "csv": RFC 4180 with a header line (NULL is an empty
+    field); "json": one JSON object per line.  `--where` is an SQL
+    expression run on a read-only connection.
     Returns 2 for a table that is not projected or a bad expression.
     """
     conn = _open_readonly(config.store.path)
@@ -228,12 +245,17 @@ def run_query(config: Config, table: str, where: str | None, as_json: bool, limi
             print(f"relay query: {exc}", file=sys.stderr)
             return 2
         columns = [d[0] for d in cursor.description]
+        if output == "csv":
+            rows = csv.writer(sys.stdout, lineterminator="\n")
+            rows.writerow(columns)
+            rows.writerows(cursor)
+            return 0
         out = sys.stdout.buffer
-        if not as_json:
-            out.write("\t".join(columns).encode() + b"\n")
+        if output == "tsv":
+            out.write("\t".join(map(tsv_field, columns)).encode() + b"\n")
         for row in cursor:
-            if as_json:
+            if output == "json":
                 out.write(orjson.dumps(dict(zip(columns, row))) + b"\n")
             else:
-                out.write("\t".join("" if v is None else str(v) for v in row).encode() + b"\n")
+                out.write("\t".join(map(tsv_field, row)).encode() + b"\n")
     return 0
