@@ -105,6 +105,16 @@ def _parse_list(name: str, value: Any, item: str) -> tuple:
     return tuple(value)
 
 
+def _parse_paths(name: str, value: Any) -> tuple[str, ...]:
+    """`[server] paths`: a non-empty array of absolute URL paths ("/", "/nostr"), without query or fragment."""
+    if type(value) not in (list, tuple) or not value:
+        raise ConfigError(f"{name}: must be a non-empty array of paths")
+    for path in value:
+        if type(path) is not str or not path.startswith("/") or any(c in path for c in "?# \t"):
+            raise ConfigError(f"{name}: must hold paths such as \"/\" or \"/nostr\", got {path!r}")
+    return tuple(value)
+
+
 _PUBKEYS = partial(_parse_list, item="pubkey")
 _KINDS = partial(_parse_list, item="kind")
 _NETWORKS = partial(_parse_list, item="network")
@@ -126,6 +136,8 @@ class ServerConfig:
                                      unit="seconds")
     max_http_body_bytes: int = key(65_536, "body of one plain HTTP request (not a WebSocket upgrade) on this port; "
                                    "larger: 413", unit="bytes", restart=True)
+    paths: tuple[str, ...] = key(("/",), "URL paths clients may connect to (NIP-01: one endpoint); others get 404",
+                                 restart=True, parse=_parse_paths)
 
 
 @dataclass(frozen=True)
