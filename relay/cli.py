@@ -19,6 +19,7 @@ import structlog
 
 from relay.config import Config, ConfigError, load_config
 from relay.logging import configure_logging
+from relay.store.location import DatabaseUnusable
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -99,6 +100,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except DatabaseUnusable as exc:  # one line naming the path, as for a bad configuration
+        print(f"relay {args.command}: database {exc}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     try:
         config = _config(args)
     except ConfigError as exc:

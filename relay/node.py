@@ -35,6 +35,7 @@ from relay.protocol.event import Event
 from relay.retention import is_configured, retention_forever
 from relay.server.app import RelayServer
 from relay.server.wire.http import HttpRequest, HttpResponse
+from relay.store.location import DatabaseUnusable
 from relay.store.projectors.engine import ProjectorHook
 from relay.store.store import Store
 from relay.store.writes import Changes
@@ -79,6 +80,7 @@ class Node:
         """Open the store, start serving on `config.server` (port 0: any free port), then start peer sync.
 
         Raises:
+            DatabaseUnusable: the database cannot be opened for writing (nothing listens).
             OSError: the address cannot be bound (the store is closed again).
             NodeKeyError: the node key cannot be created or read while peers are configured.
         """
@@ -222,6 +224,9 @@ async def run(config: Config) -> int:
     node = Node(config)
     try:
         await node.start()
+    except DatabaseUnusable as exc:  # a bad path or file mode: as a bad config, before listening
+        log.error("database_unusable", path=exc.path, error=exc.reason)
+        return 2
     except OSError as exc:
         log.error("listen_failed", host=config.server.host, port=config.server.port, error=str(exc))
         return 1

@@ -33,10 +33,11 @@ def _open_readonly(path: str) -> sqlite3.Connection | None:
     if not file.exists():
         print(f"relay: no database at {file}", file=sys.stderr)
         return None
-    conn = sqlite3.connect(file.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None)
-    conn.execute("PRAGMA busy_timeout = 5000")
-    conn.execute("PRAGMA query_only = 1")
-    return conn
+    try:
+        return db.connect_readonly(file)
+    except sqlite3.Error as exc:
+        print(f"relay: {file}: {exc}", file=sys.stderr)
+        return None
 
 
 def _has_refusal_log(conn: sqlite3.Connection) -> bool:

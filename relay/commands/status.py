@@ -15,6 +15,7 @@ from pathlib import Path
 from relay.config import Config
 from relay.commands.projectors import projector_states
 from relay.store.checkpoint import file_bytes, wal_bytes
+from relay.store.db import connect_readonly
 from relay.sync.state import read_states
 
 
@@ -34,7 +35,7 @@ def gather_status(config: Config) -> dict:
     path = Path(config.store.path)
     if not path.exists():
         raise FileNotFoundError(f"no database at {path}")
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+    conn = connect_readonly(path)
     try:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         by_kind = conn.execute("SELECT kind, count(*) FROM events GROUP BY kind ORDER BY count(*) DESC, kind")
