@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="TCP port (default 7777; 0 picks a free one)")
     imp = commands.add_parser("import", parents=[common], help="validate and store events from a JSONL file")
     imp.add_argument("file", type=Path, help="JSONL file, one event object per line ('-' for stdin)")
+    imp.add_argument("--rejects", type=Path, help="write each rejected line to this file as JSON lines "
+                     '({"line", "id", "reason", "text"})')
     exp = commands.add_parser("export", parents=[common], help="write stored events as JSONL")
     exp.add_argument("--filter", default="{}", help="a NIP-01 filter as JSON; its limit, if any, applies (default: every event)")
     exp.add_argument("--output", "-o", type=Path, help="file to write (default: stdout)")
@@ -127,7 +129,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "import":
         from relay.commands.transfer import run_import
 
-        return asyncio.run(run_import(config, args.file))
+        return asyncio.run(run_import(config, args.file, args.rejects))
     if args.command == "sync":
         from relay.commands.sync import run_sync
 

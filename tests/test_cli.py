@@ -52,12 +52,14 @@ class Report:
 
 
 def parse_report(stdout: str) -> Report:
-    """The `relay import` report: the summary line and one line per rejection reason."""
+    """The `relay import` report: the summary line and one line per rejection reason (then its line numbers)."""
     lines = stdout.splitlines()
     match = REPORT.match(lines[0])
     assert match, stdout
     reasons = Counter()
     for line in lines[1:]:
+        if line.startswith("    at line"):  # the first line numbers of the reason above
+            continue
         reason = REASON.match(line)
         assert reason, f"unexpected report line {line!r}"
         reasons[reason.group(2)] += int(reason.group(1))

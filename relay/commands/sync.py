@@ -8,6 +8,7 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
+from relay.commands.interrupt import EXIT_INTERRUPTED, interruptible
 from relay.config import MIN_FRAME_SIZE_LIMIT, Config
 from relay.ingest import Ingest
 from relay.keys import NodeKeyError
@@ -107,7 +108,8 @@ def print_report(url: str, direction: str, report: SyncReport) -> None:
 
 
 async def run_sync(config: Config, url: str, filter_json: str, direction: str, frame_size: int | None) -> int:
-    """`relay sync URL`: exit 0 when in sync, 1 when the peer failed us or events errored, 2 on bad arguments."""
+    """`relay sync URL`: exit 0 when in sync, 1 when the peer failed us or events errored, 2 on bad arguments,
+    130 when interrupted (SIGINT), after the summary of what was done."""
     err = Console(stderr=True)
     if not url.startswith(("ws://", "wss://")):
         print(f"relay sync: not a ws:// or wss:// URL: {url!r}", file=sys.stderr)
@@ -129,12 +131,15 @@ async def run_sync(config: Config, url: str, filter_json: str, direction: str, f
     report = SyncReport()
     try:
         with display.bar:
-            await sync_once(config, url, filter_obj, options, display, report)
+            interrupted = await interruptible(sync_once(config, url, filter_obj, options, display, report))
     except (PeerError, LeaseBusy, LeaseLost, NodeKeyError) as exc:
         print_report(url, direction, report)  # what was done before the failure
         print(f"relay sync: {exc}", file=sys.stderr)
         return EXIT_FAILED
     print_report(url, direction, report)
+    if interrupted:
+        print("relay sync: interrupted; the summary counts what was done", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if report.errors:
         print(f"relay sync: finished with {sum(report.errors.values())} errors (see above)", file=sys.stderr)
         return EXIT_FAILED

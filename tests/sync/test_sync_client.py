@@ -392,3 +392,28 @@ async def test_refused_auth_fails_with_a_clear_message(tmp_path, alice):
     assert code == 1
     assert "refused our NIP-42 AUTH as node" in err
     assert "restricted: this node is not on the allow list" in err
+
+
+async def test_ctrl_c_during_a_sync_prints_the_summary_and_exits_130(tmp_path, alice):
+    """SIGINT while the peer has not answered yet: the summary line, "interrupted", exit 130, no traceback (there
+    were two KeyboardInterrupt tracebacks and no summary)."""
+    import signal
+    import sys
+
+    from tests.served import clean_env
+
+    config = local_config(tmp_path)
+    await seed(config, notes(alice, 3, NOW - 70))
+    async with ScriptedRelay(mode="silent") as peer:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "relay", "sync", peer.url, "--db", config.store.path,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=clean_env())
+        async with asyncio.timeout(30):
+            while not any(m[0] == "NEG-OPEN" for m in peer.messages):
+                await asyncio.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+    out, err = out.decode(), err.decode()
+    assert proc.returncode == 130, (out, err)
+    assert out.startswith(f"sync {peer.url} (both): have 0, need 0, fetched 0, pushed 0"), out
+    assert "relay sync: interrupted" in err and "Traceback" not in err
