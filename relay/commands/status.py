@@ -102,6 +102,9 @@ def render_status(status: dict, now: float | None = None, top_kinds: int = 15) -
         if p.get("lasting_differences"):
             lines.append(f"    lasting differences {p['lasting_differences']}: ids found different by the last two "
                          "reconciliations (refused on one side; the log names them)")
+        if p.get("refused"):
+            lines.append(f"    refused {p['refused']}: events the peer refused for good in the last reconciliation "
+                         "(settled; relay sync and the sync_reconciled log line name them)")
         if p.get("last_error"):
             lines.append(f"    last error {_when(p.get('last_error_at'), now)}: {p['last_error']}")
         if p.get("lease_owner") and (p.get("lease_expires") or 0) > now:

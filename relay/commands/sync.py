@@ -74,7 +74,8 @@ async def sync_once(config: Config, url: str, filter_obj: dict, options: SyncOpt
                 await states.record_error(url, str(exc))
                 await states.add_counts(url, report.fetched, report.pushed)
                 raise
-            await states.add_counts(url, report.fetched, report.pushed, success=True)
+            await states.add_counts(url, report.fetched, report.pushed)
+            await states.record_run(url, sum(report.refused.values()), report.error_text())
     finally:
         ingest.close()
         await states.close()
@@ -99,16 +100,21 @@ class _Display:
 
 
 def print_report(url: str, direction: str, report: SyncReport) -> None:
-    """The summary on stdout: one line of counts, then one line per settled or error message."""
+    """The summary on stdout: one line of counts, then one line per settled, refused or error message, the
+    last two followed by their first event ids."""
     print(f"sync {url} ({direction}): {report.summary()}")
     for message, count in report.settled.most_common():
         print(f"  settled {count}: {message}")
-    for message, count in report.errors.most_common():
-        print(f"  error {count}: {message}")
+    for what, counts in (("refused", report.refused), ("error", report.errors)):
+        for message, count in counts.most_common():
+            print(f"  {what} {count}: {message}")
+            ids = report.ids.get(message, [])
+            print(f"    ids {', '.join(ids)}{', ...' if count > len(ids) else ''}" if ids else "    ids unknown")
 
 
 async def run_sync(config: Config, url: str, filter_json: str, direction: str, frame_size: int | None) -> int:
-    """`relay sync URL`: exit 0 when in sync, 1 when the peer failed us or events errored, 2 on bad arguments,
+    """`relay sync URL`: exit 0 when in sync (events the peer refused for good are settled, listed), 1 when the
+    peer failed us or events errored (`sync_peers.last_error` says so too), 2 on bad arguments,
     130 when interrupted (SIGINT), after the summary of what was done."""
     err = Console(stderr=True)
     if not url.startswith(("ws://", "wss://")):

@@ -209,9 +209,9 @@ class PeerSync:
         except sqlite3.Error as exc:
             log.warning("sync_state_write_failed", peer=self.url, error=repr(exc))
 
-    async def _flush_counts(self, success: bool = False) -> None:
+    async def _flush_counts(self) -> None:
         events_in, events_out, self.events_in, self.events_out = self.events_in, self.events_out, 0, 0
-        await self.scheduler.states.add_counts(self.url, events_in, events_out, success)
+        await self.scheduler.states.add_counts(self.url, events_in, events_out)
 
     async def _session(self) -> None:
         """One connection: live REQ, reconcile, stream; ends only by raising (sets `_synced` on success)."""
@@ -241,7 +241,10 @@ class PeerSync:
                 finally:  # the events an interrupted reconciliation moved are counted too
                     self.events_in += report.fetched
                     self.events_out += report.pushed
-                await self._flush_counts(success=True)
+                await self._flush_counts()
+                await s.states.record_run(self.url, sum(report.refused.values()), report.error_text())
+                if report.errors:  # a failed attempt for metrics too; the stream goes on
+                    self.errors += 1
                 self._synced = True
                 log.info("sync_reconciled", peer=self.url, **report.as_dict())
                 await self._note_lasting(report)
