@@ -3,8 +3,9 @@
 This module parses the arguments and dispatches; the bodies are in
 relay/commands/ (and `relay serve` is relay/node.py's `run`).
 
-Every subcommand takes `--config PATH` and `--db PATH`; flags override
-`RELAY_<SECTION>__<KEY>` environment variables, which override the file.
+Every subcommand takes `--config PATH` (default: the file `RELAY_CONFIG`
+names, if set) and `--db PATH`; flags override `RELAY_<SECTION>__<KEY>`
+environment variables, which override the file.
 """
 
 from __future__ import annotations
@@ -22,9 +23,14 @@ from relay.logging import configure_logging
 from relay.store.location import DatabaseUnusable
 
 
+CONFIG_ENV = "RELAY_CONFIG"
+"""The environment variable naming the configuration file when `--config` is not given (a container's)."""
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", type=Path, help="TOML configuration file (default: built-in defaults)")
+    common.add_argument("--config", type=Path, default=os.environ.get(CONFIG_ENV) or None,
+                        help=f"TOML configuration file (default: ${CONFIG_ENV} if set, else built-in defaults)")
     common.add_argument("--db", help="SQLite database file (default: data/relay.db)")
     parser = argparse.ArgumentParser(prog="relay", description="A Nostr relay on SQLite.")
     commands = parser.add_subparsers(dest="command", required=True)

@@ -635,6 +635,10 @@ def _check_consistency(config: Config) -> None:
         # one IP's share must hold one answer, or its large REQs would be refused every time
         raise ConfigError(f"rate_limits.ip_stored_results_bytes: must be 0 (no bound) or at least"
                           f" limits.max_query_bytes ({limits.max_query_bytes}), got {ip_share}")
+    auth = config.auth
+    if auth.write == "listed" and not auth.write_pubkeys and not config.sync.peers:
+        raise ConfigError('auth.write: "listed" with no auth.write_pubkeys (and no [[sync.peers]]): nobody could '
+                          'ever publish; list pubkeys, or use write = "authenticated" or "all"')
     url = config.server.public_url
     if url and (not url.startswith(("ws://", "wss://")) or relay_url_key(url) is None):
         raise ConfigError(f"server.public_url: must be a ws:// or wss:// URL, got {url!r}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import gc
 import signal
 import sys
@@ -228,7 +229,9 @@ async def run(config: Config) -> int:
         log.error("database_unusable", path=exc.path, error=exc.reason)
         return 2
     except OSError as exc:
-        log.error("listen_failed", host=config.server.host, port=config.server.port, error=str(exc))
+        hint = {"hint": "another process listens there: choose another port with --port or RELAY_SERVER__PORT "
+                        "(0: any free port)"} if exc.errno == errno.EADDRINUSE else {}
+        log.error("listen_failed", host=config.server.host, port=config.server.port, error=str(exc), **hint)
         return 1
     except NodeKeyError as exc:  # peers configured, but no key to answer their AUTH with: as a bad config
         log.error("node_key_unavailable", error=str(exc))
