@@ -21,9 +21,10 @@ from relay.hooks import negentropy_hook
 from relay.store import db
 from relay.store.negentropy import IndexCheck, NegentropyIndex, verify_index
 from relay.store.projectors.causal import CausalSpec
-from relay.store.projectors.engine import force_rebuild, pending_reason
+from relay.store.projectors.engine import force_rebuild
 from relay.store.projectors.tables import ensure_store_tables, quote, read_meta, table_exists
 from relay.store.projectors.verify import verify
+from relay.status import has_refusal_log, projector_states, recent_refusals
 
 SHOWN_PER_KIND = 10  # keys listed per table and per kind of problem
 
@@ -40,10 +41,6 @@ def _open_readonly(path: str) -> sqlite3.Connection | None:
         return None
 
 
-def _has_refusal_log(conn: sqlite3.Connection) -> bool:
-    return table_exists(conn, "projector_refusals")
-
-
 def run_verify(config: Config) -> int:
     """`relay verify`: recompute every projected table and the negentropy index from the events and compare.
 
@@ -58,7 +55,7 @@ def run_verify(config: Config) -> int:
     with closing(conn):
         checks = verify(conn, config.projectors)
         refused = dict(conn.execute("SELECT projector, count(*) FROM projector_refusals GROUP BY projector")
-                       .fetchall()) if _has_refusal_log(conn) else {}
+                       .fetchall()) if has_refusal_log(conn) else {}
         removed = [name for name in read_meta(conn) if name not in {s.name for s in config.projectors}]
         hook = negentropy_hook(config)  # the indexes this configuration keeps (none when disabled)
         index_checks = verify_index(conn, hook.specs if isinstance(hook, NegentropyIndex) else [])
@@ -106,28 +103,6 @@ def _print_index_checks(checks: list[IndexCheck]) -> bool:
     return good == len(checks)
 
 
-def projector_states(conn: sqlite3.Connection, config: Config) -> list[dict]:
-    """Each configured projector, then each one remembered in the database but no longer configured.
-
-    Shape: `{"name", "kind", "revision", "state", "rows", "refusals", "tables"}`;
-    `state` is "current", "pending (<why it will be rebuilt>)" or "removed
-    from the configuration (table kept)"; `rows` counts rows of its tables,
-    `refusals` the events in the refusal log.
-    """
-    records = read_meta(conn)
-    refused = dict(conn.execute("SELECT projector, count(*) FROM projector_refusals GROUP BY projector")
-                   .fetchall()) if _has_refusal_log(conn) else {}
-    found = [_state(conn, spec.name, spec.kind, spec.revision, refused, pending_reason(spec, records.get(spec.name),
-                                                                                      conn), (spec.table,))
-             for spec in config.projectors]
-    configured = {s.name for s in config.projectors}
-    for name, record in sorted(records.items()):
-        if name not in configured:
-            found.append(_state(conn, name, record.get("kind", "?"), record.get("revision", "?"), refused,
-                                "removed from the configuration (table kept)", tuple(record.get("tables", ()))))
-    return found
-
-
 def run_projectors_list(config: Config) -> int:
     """`relay projectors list`: each configured or remembered projector, its kind, revision, state, rows, refusals."""
     conn = _open_readonly(config.store.path)
@@ -142,14 +117,6 @@ def run_projectors_list(config: Config) -> int:
     for line in lines:
         print("  ".join(str(v).ljust(w) for v, w in zip(line, widths)).rstrip())
     return 0
-
-
-def _state(conn, name, kind, revision, refused, reason, tables) -> dict:
-    state = "current" if reason is None else (reason if reason.startswith("removed") else f"pending ({reason})")
-    rows = sum(conn.execute(f"SELECT count(*) FROM {quote(t)}").fetchone()[0] for t in tables
-               if table_exists(conn, t))
-    return {"name": name, "kind": kind, "revision": revision, "state": state, "rows": rows,
-            "refusals": refused.get(name, 0), "tables": list(tables)}
 
 
 def run_projectors_rebuild(config: Config, name: str) -> int:
@@ -183,7 +150,7 @@ def run_projectors_refusals(config: Config, projector: str | None, limit: int, a
     if conn is None:
         return 2
     with closing(conn):
-        rows = _refusals(conn, projector, limit) if _has_refusal_log(conn) else []
+        rows = recent_refusals(conn, projector, limit)
     if not rows and not as_json:  # an empty answer would look like a failed command
         print("none" if projector is None else f"none for {projector}")
     for at, name, event_id, reason in rows:
@@ -194,17 +161,6 @@ def run_projectors_refusals(config: Config, projector: str | None, limit: int, a
         else:
             print(f"{when}\t{name}\t{event_id}\t{reason}")
     return 0
-
-
-def _refusals(conn: sqlite3.Connection, projector: str | None, limit: int) -> list[tuple]:
-    sql = "SELECT at, projector, event_id, reason FROM projector_refusals"
-    params: list = []
-    if projector is not None:
-        sql += " WHERE projector = ?"
-        params.append(projector)
-    sql += " ORDER BY seq DESC LIMIT ?"
-    params.append(limit)
-    return conn.execute(sql, params).fetchall()
 
 
 _TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
