@@ -472,6 +472,14 @@ class RetentionConfig:
 
 
 @dataclass(frozen=True)
+class HttpConfig:
+    """[http]: plain HTTP pages on the relay's port (beside NIP-11, /health and /metrics)."""
+
+    status_page: bool = key(True, "a browser (Accept: text/html) asking for the relay's URL gets a status page",
+                            restart=True)
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration, one attribute per TOML section."""
 
@@ -485,6 +493,7 @@ class Config:
     auth: AuthConfig = _section(AuthConfig, restart=True)
     rate_limits: RateLimitConfig = _section(RateLimitConfig, restart=True)
     retention: RetentionConfig = _section(RetentionConfig, restart=True)
+    http: HttpConfig = _section(HttpConfig)
     # [[projectors]]: an array of tables, not a section; absent from the file means the built-in ones.
     projectors: tuple[ProjectorSpec, ...] = field(default_factory=builtin_projectors)
 

@@ -22,6 +22,7 @@ import errno
 import gc
 import signal
 import sys
+import time
 from collections.abc import Callable
 from http import HTTPStatus
 
@@ -36,6 +37,7 @@ from relay.protocol.event import Event
 from relay.retention import is_configured, retention_forever
 from relay.server.app import RelayServer
 from relay.server.wire.http import HttpRequest, HttpResponse
+from relay.status_page import StatusPage
 from relay.store.location import DatabaseUnusable
 from relay.store.projectors.engine import ProjectorHook
 from relay.store.store import Store
@@ -91,6 +93,10 @@ class Node:
         store.on_batch = self.metrics.writer_batch
         self.ingest = Ingest.from_config(config, store, self._ephemeral)
         self.server = RelayServer(config, store, self.ingest, self.metrics, self._metrics_page)
+        if config.http.status_page:  # for browsers, at the relay's endpoints
+            page = StatusPage(config, time.monotonic())
+            for path in config.server.paths:
+                self.server.routes.add("GET", path, page.answer, accept="text/html")
         try:
             await self.server.listen()
         except OSError:

@@ -107,3 +107,11 @@ def recent_refusals(conn: sqlite3.Connection, projector: str | None, limit: int)
     sql += " ORDER BY seq DESC LIMIT ?"
     params.append(limit)
     return conn.execute(sql, params).fetchall()
+
+
+def duration(seconds: float) -> str:
+    """`seconds` for people: "42 s", "3.5 min", "2.0 h", "1.2 d"."""
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"

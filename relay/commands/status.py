@@ -12,7 +12,7 @@ import sys
 import time
 
 from relay.config import Config
-from relay.status import gather_status
+from relay.status import duration, gather_status
 
 
 def _when(seconds: float | None, now: float) -> str:
@@ -21,15 +21,8 @@ def _when(seconds: float | None, now: float) -> str:
     ago = now - seconds
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
     if ago >= 0:
-        return f"{stamp} ({_duration(ago)} ago)"
-    return f"{stamp} (in {_duration(-ago)})"
-
-
-def _duration(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f} {unit}"
-    return f"{seconds:.0f} s"
+        return f"{stamp} ({duration(ago)} ago)"
+    return f"{stamp} (in {duration(-ago)})"
 
 
 def _mib(n: int) -> str:
