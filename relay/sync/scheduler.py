@@ -45,7 +45,8 @@ from relay.store.writes import Changes
 from relay.sync.differences import LOGGED_IDS, LastingDifferences
 from relay.keys import NodeKey, NodeKeyError, key_path, load_or_create
 from relay.sync.peer import PeerConnection, PeerError
-from relay.sync.session import ERROR, STORED, Intake, SyncOptions, SyncReport, classify, push_chunk, sync_with_peer
+from relay.sync.session import (ERROR, REFUSED, STORED, Intake, SyncOptions, SyncReport, classify, push_chunk,
+                                sync_with_peer)
 from relay.sync.state import LeaseBusy, LeaseLost, PeerStates, new_owner
 
 log = structlog.get_logger(__name__)
@@ -319,7 +320,7 @@ class PeerSync:
             outcome, message = classify(accepted, message)
             if outcome == STORED:
                 self.events_out += 1
-            elif outcome == ERROR:
+            elif outcome in (ERROR, REFUSED):
                 log.warning("sync_live_push_refused", peer=self.url, event_id=event_id, message=message)
 
         async def push(events: list[Event]) -> None:

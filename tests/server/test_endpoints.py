@@ -21,7 +21,8 @@ from tests.inprocess import Relay
 UPGRADE = (b"GET %s HTTP/1.1\r\nHost: relay\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
 PREFLIGHT = (b"OPTIONS %s HTTP/1.1\r\nHost: relay\r\nOrigin: https://app.example\r\n"
-             b"Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: authorization, content-type\r\n\r\n")
+             b"Access-Control-Request-Method: POST\r\n"
+             b"Access-Control-Request-Headers: authorization, content-type\r\n\r\n")
 
 
 async def _ok(request: HttpRequest) -> HttpResponse:
