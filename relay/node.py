@@ -42,7 +42,7 @@ from relay.store.location import DatabaseUnusable
 from relay.store.projectors.engine import ProjectorHook
 from relay.store.store import Store
 from relay.store.writes import Changes
-from relay.sync.scheduler import Scheduler, start_sync
+from relay.sync.scheduler import Scheduler, node_key, start_sync
 
 log = structlog.get_logger(__name__)
 
@@ -85,9 +85,11 @@ class Node:
         Raises:
             DatabaseUnusable: the database cannot be opened for writing (nothing listens).
             OSError: the address cannot be bound (the store is closed again).
-            NodeKeyError: the node key cannot be created or read while peers are configured.
+            NodeKeyError: the node key cannot be created or read while peers are configured (nothing opened).
         """
         config = self.config
+        if config.sync.peers:  # the key peers' AUTH needs, checked before anything opens or listens
+            node_key(config)
         self.store = store = await open_store(config)
         store.add_listener(self._on_commit)
         store.on_batch = self.metrics.writer_batch
