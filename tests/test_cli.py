@@ -572,3 +572,5 @@ def test_serve_with_peers_and_an_unreadable_node_key_exits_2_naming_it(tmp_path)
     assert result.returncode == 2, result.stderr
     assert "node_key_unavailable" in result.stderr and str(key) in result.stderr
     assert "Traceback" not in result.stderr
+    # checked before anything opens or listens (it was logged after relay_started)
+    assert "relay_started" not in result.stderr and not (tmp_path / "k.db").exists()

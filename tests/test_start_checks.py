@@ -60,16 +60,3 @@ def test_relay_config_names_the_file_when_no_config_flag_is_given(tmp_path):
     flag = relay_cli("key", "--config", empty, env=clean_env(RELAY_CONFIG=str(config)))
     assert flag.returncode == 1 and "elsewhere" in flag.stderr
 
-
-def test_an_unreadable_node_key_with_peers_stops_the_start_before_listening(tmp_path):
-    """[[sync.peers]] and a key file holding no key: one `node_key_unavailable` line naming it, exit 2, and no
-    `relay_started` (the relay listened first, then failed)."""
-    key = tmp_path / "node.key"
-    key.write_text("not a key\n")
-    config = tmp_path / "peers.toml"
-    config.write_text(f'[sync]\nsecret_key_file = "{key}"\n[[sync.peers]]\nurl = "ws://127.0.0.1:9"\n')
-    result = relay_cli("serve", "--config", config, "--db", tmp_path / "k.db", "--port", 0)
-    assert result.returncode == 2, result.stderr
-    errors = [e for e in map(json.loads, result.stderr.splitlines()) if e["level"] == "error"]
-    assert [e["event"] for e in errors] == ["node_key_unavailable"] and str(key) in errors[0]["error"]
-    assert "relay_started" not in result.stderr and not (tmp_path / "k.db").exists()
