@@ -4,8 +4,9 @@ ban, unban, bans.
 This module parses the arguments and dispatches; the bodies are in
 relay/commands/ (and `relay serve` is relay/node.py's `run`).
 
-Every subcommand takes `--config PATH` and `--db PATH`; flags override
-`RELAY_<SECTION>__<KEY>` environment variables, which override the file.
+Every subcommand takes `--config PATH` (default: the file `RELAY_CONFIG`
+names, if set) and `--db PATH`; flags override `RELAY_<SECTION>__<KEY>`
+environment variables, which override the file.
 """
 
 from __future__ import annotations
@@ -20,11 +21,17 @@ import structlog
 
 from relay.config import Config, ConfigError, load_config
 from relay.logging import configure_logging
+from relay.store.location import DatabaseUnusable
+
+
+CONFIG_ENV = "RELAY_CONFIG"
+"""The environment variable naming the configuration file when `--config` is not given (a container's)."""
 
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", type=Path, help="TOML configuration file (default: built-in defaults)")
+    common.add_argument("--config", type=Path, default=os.environ.get(CONFIG_ENV) or None,
+                        help=f"TOML configuration file (default: ${CONFIG_ENV} if set, else built-in defaults)")
     common.add_argument("--db", help="SQLite database file (default: data/relay.db)")
     parser = argparse.ArgumentParser(prog="relay", description="A Nostr relay on SQLite.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -33,6 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="TCP port (default 7777; 0 picks a free one)")
     imp = commands.add_parser("import", parents=[common], help="validate and store events from a JSONL file")
     imp.add_argument("file", type=Path, help="JSONL file, one event object per line ('-' for stdin)")
+    imp.add_argument("--rejects", type=Path, help="write each rejected line to this file as JSON lines "
+                     '({"line", "id", "reason", "text"})')
     exp = commands.add_parser("export", parents=[common], help="write stored events as JSONL")
     exp.add_argument("--filter", default="{}", help="a NIP-01 filter as JSON; its limit, if any, applies (default: every event)")
     exp.add_argument("--output", "-o", type=Path, help="file to write (default: stdout)")
@@ -86,7 +95,11 @@ def _projector_parsers(commands, common: argparse.ArgumentParser) -> None:
     query.add_argument("table", help="a projected table, e.g. profiles")
     query.add_argument("--where", help="an SQL condition, e.g. \"name LIKE 'a%%'\" (read-only connection)")
     query.add_argument("--limit", type=int, help="rows to print at most (default: all)")
-    query.add_argument("--json", action="store_true", help="one JSON object per line instead of tab-separated")
+    shape = query.add_mutually_exclusive_group()
+    shape.add_argument("--json", dest="output", action="store_const", const="json",
+                       help="one JSON object per line instead of tab-separated")
+    shape.add_argument("--csv", dest="output", action="store_const", const="csv", help="CSV (RFC 4180) with a header")
+    query.set_defaults(output="tsv")
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -113,6 +126,14 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     try:
+        return _dispatch(args)
+    except DatabaseUnusable as exc:  # one line naming the path, as for a bad configuration
+        print(f"relay {args.command}: database {exc}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    try:
         config = _config(args)
     except ConfigError as exc:
         print(f"relay: configuration error: {exc}", file=sys.stderr)
@@ -131,7 +152,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "import":
         from relay.commands.transfer import run_import
 
-        return asyncio.run(run_import(config, args.file))
+        return asyncio.run(run_import(config, args.file, args.rejects))
     if args.command == "sync":
         from relay.commands.sync import run_sync
 
@@ -174,7 +195,7 @@ def _run_projector_command(config: Config, args: argparse.Namespace) -> int:
     if args.command == "verify":
         return pc.run_verify(config)
     if args.command == "query":
-        return pc.run_query(config, args.table, args.where, args.json, args.limit)
+        return pc.run_query(config, args.table, args.where, args.output, args.limit)
     if args.action == "list":
         return pc.run_projectors_list(config)
     if args.action == "rebuild":

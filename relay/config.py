@@ -107,6 +107,16 @@ def _parse_list(name: str, value: Any, item: str) -> tuple:
     return tuple(value)
 
 
+def _parse_paths(name: str, value: Any) -> tuple[str, ...]:
+    """`[server] paths`: a non-empty array of absolute URL paths ("/", "/nostr"), without query or fragment."""
+    if type(value) not in (list, tuple) or not value:
+        raise ConfigError(f"{name}: must be a non-empty array of paths")
+    for path in value:
+        if type(path) is not str or not path.startswith("/") or any(c in path for c in "?# \t"):
+            raise ConfigError(f"{name}: must hold paths such as \"/\" or \"/nostr\", got {path!r}")
+    return tuple(value)
+
+
 _PUBKEYS = partial(_parse_list, item="pubkey")
 _KINDS = partial(_parse_list, item="kind")
 _NETWORKS = partial(_parse_list, item="network")
@@ -128,6 +138,8 @@ class ServerConfig:
                                      unit="seconds")
     max_http_body_bytes: int = key(65_536, "body of one plain HTTP request (not a WebSocket upgrade) on this port; "
                                    "larger: 413", unit="bytes", restart=True)
+    paths: tuple[str, ...] = key(("/",), "URL paths clients may connect to (NIP-01: one endpoint); others get 404",
+                                 restart=True, parse=_parse_paths)
 
 
 @dataclass(frozen=True)
@@ -500,6 +512,14 @@ class RetentionConfig:
 
 
 @dataclass(frozen=True)
+class HttpConfig:
+    """[http]: plain HTTP pages on the relay's port (beside NIP-11, /health and /metrics)."""
+
+    status_page: bool = key(True, "a browser (Accept: text/html) asking for the relay's URL gets a status page",
+                            restart=True)
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration, one attribute per TOML section."""
 
@@ -515,6 +535,7 @@ class Config:
     rate_limits: RateLimitConfig = _section(RateLimitConfig, restart=True)
     admin: AdminConfig = _section(AdminConfig, restart=True)
     retention: RetentionConfig = _section(RetentionConfig, restart=True)
+    http: HttpConfig = _section(HttpConfig)
     # [[projectors]]: an array of tables, not a section; absent from the file means the built-in ones.
     projectors: tuple[ProjectorSpec, ...] = field(default_factory=builtin_projectors)
 
@@ -665,6 +686,11 @@ def _check_consistency(config: Config) -> None:
         # one IP's share must hold one answer, or its large REQs would be refused every time
         raise ConfigError(f"rate_limits.ip_stored_results_bytes: must be 0 (no bound) or at least"
                           f" limits.max_query_bytes ({limits.max_query_bytes}), got {ip_share}")
+    auth = config.auth
+    if auth.write == "listed" and not (auth.write_pubkeys or config.admin.pubkeys or config.sync.peers):
+        # an admin may list writers with NIP-86 allowpubkey; a pull-only mirror needs no writer
+        raise ConfigError('auth.write: "listed" with no auth.write_pubkeys (and no [admin] pubkeys or [[sync.peers]]):'
+                          ' nobody could ever publish; list pubkeys, or use write = "authenticated" or "all"')
     url = config.server.public_url
     if url and (not url.startswith(("ws://", "wss://")) or relay_url_key(url) is None):
         raise ConfigError(f"server.public_url: must be a ws:// or wss:// URL, got {url!r}")

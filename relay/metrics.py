@@ -146,13 +146,18 @@ class _ScrapeCollector:
         lasting = GaugeMetricFamily("relay_sync_lasting_differences", "ids the last two reconciliations with the "
                                     "peer both found different: refused on one side, not closed by sync "
                                     "(from sync_peers)", labels=["peer"])
+        refused = GaugeMetricFamily("relay_sync_refused_events", "events the peer refused for good (invalid:, "
+                                    "blocked:, ...) in the last complete reconciliation: settled, not errors "
+                                    "(from sync_peers)", labels=["peer"])
         errors = CounterMetricFamily("relay_sync_errors", "failed sync attempts with a configured peer since this "
-                                     "process started", labels=["peer"])
+                                     "process started, reconciliations whose events errored included",
+                                     labels=["peer"])
         for state in self.peers:
             events_in.add_metric([state.url], state.events_in)
             events_out.add_metric([state.url], state.events_out)
             success.add_metric([state.url], state.last_success or 0)
             lasting.add_metric([state.url], state.lasting_differences)
+            refused.add_metric([state.url], state.refused)
         for url, count in self.sync.stats().items() if self.sync is not None else ():
             errors.add_metric([url], count)
-        yield from (events_in, events_out, success, lasting, errors)
+        yield from (events_in, events_out, success, lasting, refused, errors)

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import gc
 import signal
 import sys
+import time
 from collections.abc import Callable
 from http import HTTPStatus
 
@@ -36,10 +38,12 @@ from relay.protocol.event import Event
 from relay.retention import is_configured, retention_forever
 from relay.server.app import RelayServer
 from relay.server.wire.http import HttpRequest, HttpResponse
+from relay.status_page import StatusPage
+from relay.store.location import DatabaseUnusable
 from relay.store.projectors.engine import ProjectorHook
 from relay.store.store import Store
 from relay.store.writes import Changes
-from relay.sync.scheduler import Scheduler, start_sync
+from relay.sync.scheduler import Scheduler, node_key, start_sync
 
 log = structlog.get_logger(__name__)
 
@@ -82,16 +86,23 @@ class Node:
         """Open the store, start serving on `config.server` (port 0: any free port), then start peer sync.
 
         Raises:
+            DatabaseUnusable: the database cannot be opened for writing (nothing listens).
             OSError: the address cannot be bound (the store is closed again).
-            NodeKeyError: the node key cannot be created or read while peers are configured.
+            NodeKeyError: the node key cannot be created or read while peers are configured (nothing opened).
         """
         config = self.config
+        if config.sync.peers:  # the key peers' AUTH needs, checked before anything opens or listens
+            node_key(config)
         self.store = store = await open_store(config)
         store.add_listener(self._on_commit)
         store.on_batch = self.metrics.writer_batch
         self.moderation = await Moderation.open(store, config, runs_purges=True)  # (resumes purges cut short)
         self.ingest = Ingest.from_config(config, store, self._ephemeral, self.moderation)
         self.server = RelayServer(config, store, self.ingest, self.metrics, self._metrics_page)
+        if config.http.status_page:  # for browsers, at the relay's endpoints
+            page = StatusPage(config, time.monotonic())
+            for path in config.server.paths:
+                self.server.routes.add("GET", path, page.answer, accept="text/html")
         try:
             await self.server.listen()
         except OSError:
@@ -230,8 +241,13 @@ async def run(config: Config) -> int:
     node = Node(config)
     try:
         await node.start()
+    except DatabaseUnusable as exc:  # a bad path or file mode: as a bad config, before listening
+        log.error("database_unusable", path=exc.path, error=exc.reason)
+        return 2
     except OSError as exc:
-        log.error("listen_failed", host=config.server.host, port=config.server.port, error=str(exc))
+        hint = {"hint": "another process listens there: choose another port with --port or RELAY_SERVER__PORT "
+                        "(0: any free port)"} if exc.errno == errno.EADDRINUSE else {}
+        log.error("listen_failed", host=config.server.host, port=config.server.port, error=str(exc), **hint)
         return 1
     except NodeKeyError as exc:  # peers configured, but no key to answer their AUTH with: as a bad config
         log.error("node_key_unavailable", error=str(exc))

@@ -133,3 +133,43 @@ def test_bad_projector_config_exits_2_naming_projector_and_field(tmp_path):
     config.write_text(ZAPS_TOML.format(revision=1).replace('primary_key = ["id"]', 'primary_key = ["recipient"]'))
     err = relay("verify", "--config", config, "--db", tmp_path / "x.db", check=2).stderr
     assert "projectors: projector 'zaps': primary_key must be the fields whose sources are 'id'" in err
+
+
+def _untsv(field: str) -> str | None:
+    """A `relay query` TSV field back to its value (PostgreSQL COPY text format)."""
+    if field == "\\N":
+        return None
+    escapes = {"\\\\": "\\", "\\t": "\t", "\\n": "\n", "\\r": "\r"}
+    out, i = [], 0
+    while i < len(field):
+        pair = field[i:i + 2]
+        out.append(escapes[pair] if pair in escapes else field[i])
+        i += 2 if pair in escapes else 1
+    return "".join(out)
+
+
+def test_query_plain_output_is_one_line_per_row(db):
+    """Tabs, newlines and backslashes in values are escaped (NULL is \\N), so each row is one line that reads
+    back to the stored values; --csv gives the same rows as CSV."""
+    conn = sqlite3.connect(db)
+    stored = conn.execute("SELECT * FROM profiles").fetchall()
+    conn.close()
+    assert any("\n" in str(v) for row in stored for v in row)  # the real profiles hold multi-line `about`s
+    lines = relay("query", "profiles", "--db", db).stdout.split("\n")
+    assert lines[-1] == "" and len(lines) - 2 == len(stored)
+    width = len(lines[0].split("\t"))
+    rows = [tuple(_untsv(f) for f in line.split("\t")) for line in lines[1:-1]]
+    assert all(len(row) == width for row in rows)
+    assert sorted(rows, key=repr) == sorted((tuple(None if v is None else str(v) for v in row) for row in stored),
+                                            key=repr)
+    import csv
+    import io
+
+    table = list(csv.reader(io.StringIO(relay("query", "profiles", "--db", db, "--csv").stdout)))
+    assert table[0] == lines[0].split("\t") and len(table) == len(stored) + 1
+
+
+def test_refusals_say_none_when_there_are_none(db):
+    """`projectors refusals` prints "none" rather than nothing when no event was refused (for that projector)."""
+    assert relay("projectors", "refusals", "--db", db, "--projector", "follows").stdout == "none for follows\n"
+    assert relay("projectors", "refusals", "--db", db, "--projector", "follows", "--json").stdout == ""

@@ -7,6 +7,7 @@ run beside `relay serve` (WAL readers never block the writer).
 
 from __future__ import annotations
 
+import csv
 import sqlite3
 import sys
 import time
@@ -21,9 +22,10 @@ from relay.commands.search import check_search, print_search_check
 from relay.store import db
 from relay.store.negentropy import IndexCheck, NegentropyIndex, verify_index
 from relay.store.projectors.causal import CausalSpec
-from relay.store.projectors.engine import force_rebuild, pending_reason
+from relay.store.projectors.engine import force_rebuild
 from relay.store.projectors.tables import ensure_store_tables, quote, read_meta, table_exists
 from relay.store.projectors.verify import verify
+from relay.status import has_refusal_log, projector_states, recent_refusals
 
 SHOWN_PER_KIND = 10  # keys listed per table and per kind of problem
 
@@ -33,14 +35,11 @@ def _open_readonly(path: str) -> sqlite3.Connection | None:
     if not file.exists():
         print(f"relay: no database at {file}", file=sys.stderr)
         return None
-    conn = sqlite3.connect(file.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None)
-    conn.execute("PRAGMA busy_timeout = 5000")
-    conn.execute("PRAGMA query_only = 1")
-    return conn
-
-
-def _has_refusal_log(conn: sqlite3.Connection) -> bool:
-    return table_exists(conn, "projector_refusals")
+    try:
+        return db.connect_readonly(file)
+    except sqlite3.Error as exc:
+        print(f"relay: {file}: {exc}", file=sys.stderr)
+        return None
 
 
 def run_verify(config: Config) -> int:
@@ -58,7 +57,7 @@ def run_verify(config: Config) -> int:
     with closing(conn):
         checks = verify(conn, config.projectors)
         refused = dict(conn.execute("SELECT projector, count(*) FROM projector_refusals GROUP BY projector")
-                       .fetchall()) if _has_refusal_log(conn) else {}
+                       .fetchall()) if has_refusal_log(conn) else {}
         removed = [name for name in read_meta(conn) if name not in {s.name for s in config.projectors}]
         hook = negentropy_hook(config)  # the indexes this configuration keeps (none when disabled)
         index_checks = verify_index(conn, hook.specs if isinstance(hook, NegentropyIndex) else [])
@@ -109,28 +108,6 @@ def _print_index_checks(checks: list[IndexCheck]) -> bool:
     return good == len(checks)
 
 
-def projector_states(conn: sqlite3.Connection, config: Config) -> list[dict]:
-    """Each configured projector, then each one remembered in the database but no longer configured.
-
-    Shape: `{"name", "kind", "revision", "state", "rows", "refusals", "tables"}`;
-    `state` is "current", "pending (<why it will be rebuilt>)" or "removed
-    from the configuration (table kept)"; `rows` counts rows of its tables,
-    `refusals` the events in the refusal log.
-    """
-    records = read_meta(conn)
-    refused = dict(conn.execute("SELECT projector, count(*) FROM projector_refusals GROUP BY projector")
-                   .fetchall()) if _has_refusal_log(conn) else {}
-    found = [_state(conn, spec.name, spec.kind, spec.revision, refused, pending_reason(spec, records.get(spec.name),
-                                                                                      conn), (spec.table,))
-             for spec in config.projectors]
-    configured = {s.name for s in config.projectors}
-    for name, record in sorted(records.items()):
-        if name not in configured:
-            found.append(_state(conn, name, record.get("kind", "?"), record.get("revision", "?"), refused,
-                                "removed from the configuration (table kept)", tuple(record.get("tables", ()))))
-    return found
-
-
 def run_projectors_list(config: Config) -> int:
     """`relay projectors list`: each configured or remembered projector, its kind, revision, state, rows, refusals."""
     conn = _open_readonly(config.store.path)
@@ -145,14 +122,6 @@ def run_projectors_list(config: Config) -> int:
     for line in lines:
         print("  ".join(str(v).ljust(w) for v, w in zip(line, widths)).rstrip())
     return 0
-
-
-def _state(conn, name, kind, revision, refused, reason, tables) -> dict:
-    state = "current" if reason is None else (reason if reason.startswith("removed") else f"pending ({reason})")
-    rows = sum(conn.execute(f"SELECT count(*) FROM {quote(t)}").fetchone()[0] for t in tables
-               if table_exists(conn, t))
-    return {"name": name, "kind": kind, "revision": revision, "state": state, "rows": rows,
-            "refusals": refused.get(name, 0), "tables": list(tables)}
 
 
 def run_projectors_rebuild(config: Config, name: str) -> int:
@@ -180,21 +149,15 @@ def run_projectors_rebuild(config: Config, name: str) -> int:
 
 
 def run_projectors_refusals(config: Config, projector: str | None, limit: int, as_json: bool) -> int:
-    """`relay projectors refusals`: the newest refusals first (time, projector, event id, reason)."""
+    """`relay projectors refusals`: the newest refusals first (time, projector, event id, reason); "none" when
+    there are none (nothing with --json)."""
     conn = _open_readonly(config.store.path)
     if conn is None:
         return 2
     with closing(conn):
-        if not _has_refusal_log(conn):
-            return 0
-        sql = "SELECT at, projector, event_id, reason FROM projector_refusals"
-        params: list = []
-        if projector is not None:
-            sql += " WHERE projector = ?"
-            params.append(projector)
-        sql += " ORDER BY seq DESC LIMIT ?"
-        params.append(limit)
-        rows = conn.execute(sql, params).fetchall()
+        rows = recent_refusals(conn, projector, limit)
+    if not rows and not as_json:  # an empty answer would look like a failed command
+        print("none" if projector is None else f"none for {projector}")
     for at, name, event_id, reason in rows:
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
         if as_json:
@@ -205,11 +168,22 @@ def run_projectors_refusals(config: Config, projector: str | None, limit: int, a
     return 0
 
 
-def run_query(config: Config, table: str, where: str | None, as_json: bool, limit: int | None) -> int:
-    """`relay query TABLE [--where SQL] [--json] [--limit N]`: rows of a projected table.
+_TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
-    Tab-separated with a header line, or one JSON object per line with
-    `--json`.  `--where` is an SQL expression run on a read-only connection.
+
+def tsv_field(value: object) -> str:
+    """One value as a TSV field (PostgreSQL's COPY text format): NULL is `\\N`; backslash, tab, newline
+    and carriage return are escaped, so a row is always one line."""
+    return "\\N" if value is None else str(value).translate(_TSV_ESCAPES)
+
+
+def run_query(config: Config, table: str, where: str | None, output: str, limit: int | None) -> int:
+    """`relay query TABLE [--where SQL] [--json | --csv] [--limit N]`: rows of a projected table.
+
+    `output` "tsv": tab-separated with a header line, one line per row
+    (`tsv_field`); "csv": RFC 4180 with a header line (NULL is an empty
+    field); "json": one JSON object per line.  `--where` is an SQL
+    expression run on a read-only connection.
     Returns 2 for a table that is not projected or a bad expression.
     """
     conn = _open_readonly(config.store.path)
@@ -233,12 +207,17 @@ def run_query(config: Config, table: str, where: str | None, as_json: bool, limi
             print(f"relay query: {exc}", file=sys.stderr)
             return 2
         columns = [d[0] for d in cursor.description]
+        if output == "csv":
+            rows = csv.writer(sys.stdout, lineterminator="\n")
+            rows.writerow(columns)
+            rows.writerows(cursor)
+            return 0
         out = sys.stdout.buffer
-        if not as_json:
-            out.write("\t".join(columns).encode() + b"\n")
+        if output == "tsv":
+            out.write("\t".join(map(tsv_field, columns)).encode() + b"\n")
         for row in cursor:
-            if as_json:
+            if output == "json":
                 out.write(orjson.dumps(dict(zip(columns, row))) + b"\n")
             else:
-                out.write("\t".join("" if v is None else str(v) for v in row).encode() + b"\n")
+                out.write("\t".join(map(tsv_field, row)).encode() + b"\n")
     return 0

@@ -1,7 +1,7 @@
 """`relay status`: database size, events by kind, projectors, and each sync peer's state, read-only.
 
-Reads the SQLite file directly (read-only, WAL: a running relay is not
-disturbed), so it works whether or not `relay serve` is running.
+The state is `relay.status.gather_status` (read-only, WAL: a running relay
+is not disturbed), so it works whether or not `relay serve` is running.
 """
 
 from __future__ import annotations
@@ -10,52 +10,9 @@ import json
 import sqlite3
 import sys
 import time
-from pathlib import Path
 
 from relay.config import Config
-from relay.commands.projectors import projector_states
-from relay.store.checkpoint import file_bytes, wal_bytes
-from relay.sync.state import read_states
-
-
-def gather_status(config: Config) -> dict:
-    """The status as a JSON-ready dict.
-
-    Shape: `{"database": {"path", "bytes", "wal_bytes", "schema_version"},
-    "events": {"total", "by_kind": {"<kind>": count}}, "projectors": [...],
-    "peers": [...]}`, where each projector is as `projector_states` gives it
-    and each peer has `url`, `configured` (in `[[sync.peers]]`), `direction`,
-    `filter`, and the `sync_peers` columns (unix seconds, counts of events).
-
-    Raises:
-        FileNotFoundError: there is no database at `store.path`.
-        sqlite3.Error: the file is not a readable relay database.
-    """
-    path = Path(config.store.path)
-    if not path.exists():
-        raise FileNotFoundError(f"no database at {path}")
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
-    try:
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        by_kind = conn.execute("SELECT kind, count(*) FROM events GROUP BY kind ORDER BY count(*) DESC, kind")
-        kinds = {str(kind): count for kind, count in by_kind}
-        states = {s.url: s.as_dict() for s in read_states(conn)}
-        projectors = projector_states(conn, config)
-    finally:
-        conn.close()
-    peers = []
-    for peer in config.sync.peers:
-        row = states.pop(peer.url, {"url": peer.url})
-        peers.append({**row, "configured": True, "direction": peer.direction, "filter": json.loads(peer.filter),
-                      "pubkey": peer.pubkey or None})
-    peers.extend({**row, "configured": False} for row in states.values())
-    return {
-        "database": {"path": str(path), "bytes": file_bytes(path), "wal_bytes": wal_bytes(path),
-                     "schema_version": version},
-        "events": {"total": sum(kinds.values()), "by_kind": kinds},
-        "projectors": projectors,
-        "peers": peers,
-    }
+from relay.status import duration, gather_status
 
 
 def _when(seconds: float | None, now: float) -> str:
@@ -64,15 +21,8 @@ def _when(seconds: float | None, now: float) -> str:
     ago = now - seconds
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
     if ago >= 0:
-        return f"{stamp} ({_duration(ago)} ago)"
-    return f"{stamp} (in {_duration(-ago)})"
-
-
-def _duration(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f} {unit}"
-    return f"{seconds:.0f} s"
+        return f"{stamp} ({duration(ago)} ago)"
+    return f"{stamp} (in {duration(-ago)})"
 
 
 def _mib(n: int) -> str:
@@ -101,6 +51,9 @@ def render_status(status: dict, now: float | None = None, top_kinds: int = 15) -
         if p.get("lasting_differences"):
             lines.append(f"    lasting differences {p['lasting_differences']}: ids found different by the last two "
                          "reconciliations (refused on one side; the log names them)")
+        if p.get("refused"):
+            lines.append(f"    refused {p['refused']}: events the peer refused for good in the last reconciliation "
+                         "(settled; relay sync and the sync_reconciled log line name them)")
         if p.get("last_error"):
             lines.append(f"    last error {_when(p.get('last_error_at'), now)}: {p['last_error']}")
         if p.get("lease_owner") and (p.get("lease_expires") or 0) > now:

@@ -8,6 +8,7 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
+from relay.commands.interrupt import EXIT_INTERRUPTED, interruptible
 from relay.config import MIN_FRAME_SIZE_LIMIT, Config
 from relay.ingest import Ingest
 from relay.ingest.moderation import Moderation
@@ -74,7 +75,8 @@ async def sync_once(config: Config, url: str, filter_obj: dict, options: SyncOpt
                 await states.record_error(url, str(exc))
                 await states.add_counts(url, report.fetched, report.pushed)
                 raise
-            await states.add_counts(url, report.fetched, report.pushed, success=True)
+            await states.add_counts(url, report.fetched, report.pushed)
+            await states.record_run(url, sum(report.refused.values()), report.error_text())
     finally:
         ingest.close()
         await states.close()
@@ -99,16 +101,22 @@ class _Display:
 
 
 def print_report(url: str, direction: str, report: SyncReport) -> None:
-    """The summary on stdout: one line of counts, then one line per settled or error message."""
+    """The summary on stdout: one line of counts, then one line per settled, refused or error message, the
+    last two followed by their first event ids."""
     print(f"sync {url} ({direction}): {report.summary()}")
     for message, count in report.settled.most_common():
         print(f"  settled {count}: {message}")
-    for message, count in report.errors.most_common():
-        print(f"  error {count}: {message}")
+    for what, counts in (("refused", report.refused), ("error", report.errors)):
+        for message, count in counts.most_common():
+            print(f"  {what} {count}: {message}")
+            ids = report.ids.get(message, [])
+            print(f"    ids {', '.join(ids)}{', ...' if count > len(ids) else ''}" if ids else "    ids unknown")
 
 
 async def run_sync(config: Config, url: str, filter_json: str, direction: str, frame_size: int | None) -> int:
-    """`relay sync URL`: exit 0 when in sync, 1 when the peer failed us or events errored, 2 on bad arguments."""
+    """`relay sync URL`: exit 0 when in sync (events the peer refused for good are settled, listed), 1 when the
+    peer failed us or events errored (`sync_peers.last_error` says so too), 2 on bad arguments,
+    130 when interrupted (SIGINT), after the summary of what was done."""
     err = Console(stderr=True)
     if not url.startswith(("ws://", "wss://")):
         print(f"relay sync: not a ws:// or wss:// URL: {url!r}", file=sys.stderr)
@@ -130,12 +138,15 @@ async def run_sync(config: Config, url: str, filter_json: str, direction: str, f
     report = SyncReport()
     try:
         with display.bar:
-            await sync_once(config, url, filter_obj, options, display, report)
+            interrupted = await interruptible(sync_once(config, url, filter_obj, options, display, report))
     except (PeerError, LeaseBusy, LeaseLost, NodeKeyError) as exc:
         print_report(url, direction, report)  # what was done before the failure
         print(f"relay sync: {exc}", file=sys.stderr)
         return EXIT_FAILED
     print_report(url, direction, report)
+    if interrupted:
+        print("relay sync: interrupted; the summary counts what was done", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if report.errors:
         print(f"relay sync: finished with {sum(report.errors.values())} errors (see above)", file=sys.stderr)
         return EXIT_FAILED

@@ -8,26 +8,33 @@ counts are those a client would have been told in its OK replies.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
+
+import orjson
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from relay.commands.interrupt import EXIT_INTERRUPTED, interruptible
 from relay.config import Config
 from relay.ingest import IMPORT, Ingest, Outcome
 from relay.ingest.moderation import Moderation
 from relay.ingest.outcome import EPHEMERAL, NEWER_VERSION
 from relay.node import open_store
 from relay.protocol.envelopes import loads
+from relay.protocol.event import Event, event_ref
 from relay.protocol.filters import parse_filter
 from relay.protocol.rejection import Rejection
 from relay.store.store import Store
 
 CHUNK_LINES = 2_000
+SHOWN_LINES = 5  # line numbers listed per rejection reason in the summary
 
 
 @dataclass
@@ -46,78 +53,131 @@ class ImportReport:
     older_version: int = 0
     ephemeral: int = 0
     rejected: Counter = field(default_factory=Counter)
+    rejected_lines: dict[str, list[int]] = field(default_factory=dict)  # the first SHOWN_LINES per message
 
     @property
     def total(self) -> int:
         """Lines read."""
         return self.stored + self.duplicate + self.older_version + self.ephemeral + sum(self.rejected.values())
 
-    def add(self, outcome: Outcome) -> None:
-        """Count one line's outcome."""
+    def add(self, outcome: Outcome, line: int = 0) -> None:
+        """Count one line's outcome; `line` is its number in the file (1-based; 0: unknown)."""
         if outcome == NEWER_VERSION:
             self.older_version += 1
         elif outcome == EPHEMERAL:
             self.ephemeral += 1
         elif not outcome.accepted:
             self.rejected[outcome.message] += 1
+            shown = self.rejected_lines.setdefault(outcome.message, [])
+            if line and len(shown) < SHOWN_LINES:
+                shown.append(line)
         elif outcome.prefix == "duplicate":
             self.duplicate += 1
         else:
             self.stored += 1
 
 
-async def import_lines(ingest: Ingest, lines: Iterable[bytes], progress=None) -> ImportReport:
+Rejected = Callable[[int, bytes, Event | None, Outcome], None]
+"""Told of each rejected line: (line number, the line, its event if it parsed, the outcome)."""
+
+
+async def import_lines(ingest: Ingest, lines: Iterable[bytes], progress=None, report: ImportReport | None = None,
+                       rejected: Rejected | None = None) -> ImportReport:
     """Take each non-blank JSONL line (one event object per line) through `ingest` as `IMPORT`.
 
     Lines go in chunks of `CHUNK_LINES`, whose signatures are checked together
     on the ingest's pool; `progress(n)` is called with the number of lines
-    done after each chunk.
+    done after each chunk.  Counts go to `report` (a new one if None), which
+    holds the chunks done so far if the import is cancelled.
     """
-    report = ImportReport()
-    chunk: list[bytes] = []
-    for line in lines:
+    report = ImportReport() if report is None else report
+    chunk: list[tuple[int, bytes]] = []
+    for number, line in enumerate(lines, 1):
         if line.strip():
-            chunk.append(line)
+            chunk.append((number, line))
         if len(chunk) >= CHUNK_LINES:
-            await _import_chunk(ingest, chunk, report, progress)
+            await _import_chunk(ingest, chunk, report, progress, rejected)
             chunk = []
     if chunk:
-        await _import_chunk(ingest, chunk, report, progress)
+        await _import_chunk(ingest, chunk, report, progress, rejected)
     return report
 
 
-async def _import_chunk(ingest: Ingest, chunk: list[bytes], report: ImportReport, progress) -> None:
-    for outcome, _ in await ingest.accept_many(chunk, IMPORT):
-        report.add(outcome)
+async def _import_chunk(ingest: Ingest, chunk: list[tuple[int, bytes]], report: ImportReport, progress,
+                        rejected: Rejected | None) -> None:
+    answers = await ingest.accept_many([line for _, line in chunk], IMPORT)
+    for (number, line), (outcome, event) in zip(chunk, answers):
+        report.add(outcome, number)
+        if rejected is not None and not outcome.accepted and outcome not in (NEWER_VERSION, EPHEMERAL):
+            rejected(number, line, event, outcome)
     progress and progress(len(chunk))
 
 
-async def run_import(config: Config, path: Path) -> int:
-    """`relay import FILE`: prints stored / duplicate / older version / ephemeral / rejected counts
-    (see `ImportReport`) and each rejection's message with its count; exit 0, or 2 if FILE cannot be opened."""
+def rejects_writer(out: BinaryIO) -> Rejected:
+    """`--rejects FILE`: one JSON object per rejected line, `{"line": n, "id": "<hex>" | null, "reason":
+    "<NIP-01 prefix>: ...", "text": "<the line as read>"}`."""
+
+    def write(number: int, line: bytes, event: Event | None, outcome: Outcome) -> None:
+        out.write(orjson.dumps({"line": number, "id": event.id if event is not None else _id_of(line),
+                                "reason": outcome.message,
+                                "text": line.decode("utf-8", "replace").rstrip("\r\n")}) + b"\n")
+
+    return write
+
+
+def _id_of(line: bytes) -> str | None:
+    """The `id` field of a line that did not parse as an event, if it is a JSON object with a string id."""
+    try:
+        ref = event_ref(orjson.loads(line))
+    except orjson.JSONDecodeError:
+        return None
+    return ref if type(ref) is str else None
+
+
+def print_import_report(report: ImportReport) -> None:
+    """The summary on stdout: one line of counts, then per rejection message its count and first line numbers."""
+    print(f"read {report.total}: stored {report.stored}, duplicate {report.duplicate}, "
+          f"older version (not stored) {report.older_version}, ephemeral (not stored) {report.ephemeral}, "
+          f"rejected {sum(report.rejected.values())}")
+    for message, count in report.rejected.most_common():
+        print(f"  rejected {count}: {message}")
+        shown = report.rejected_lines.get(message, [])
+        more = ", ..." if count > len(shown) else ""
+        print(f"    at line{'s' if len(shown) > 1 else ''} {', '.join(map(str, shown))}{more}")
+
+
+async def run_import(config: Config, path: Path, rejects: Path | None = None) -> int:
+    """`relay import FILE [--rejects OUT]`: prints the counts (see `ImportReport`, `print_import_report`);
+    `rejects` gets each rejected line (`rejects_writer`).  Exit 0; 2 if FILE or OUT cannot be opened; 130
+    when interrupted (SIGINT), after the summary of the lines done."""
     console = Console(stderr=True)
     try:
         source = sys.stdin.buffer if str(path) == "-" else path.open("rb")
+        out = rejects.open("wb") if rejects is not None else None
     except OSError as exc:
         console.print(f"relay import: {exc}")
         return 2
     store = await open_store(config, read_connections=1)
     ingest = Ingest.from_config(config, store, moderation=await Moderation.open(store, config))  # bans
+    report = ImportReport()
     try:
         with source:
             total = None if source is sys.stdin.buffer else sum(1 for _ in path.open("rb"))
             with Progress(TextColumn("importing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                           console=console, disable=not console.is_terminal) as bar:
                 task = bar.add_task("import", total=total)
-                report = await import_lines(ingest, source, lambda n: bar.advance(task, n))
+                interrupted = await interruptible(import_lines(
+                    ingest, source, lambda n: bar.advance(task, n), report,
+                    rejects_writer(out) if out is not None else None))
     finally:
         ingest.close()
         await store.close()
-    print(f"read {report.total}: stored {report.stored}, duplicate {report.duplicate}, "
-          f"older version (not stored) {report.older_version}, ephemeral (not stored) {report.ephemeral}, "
-          f"rejected {sum(report.rejected.values())}")
-    for message, count in report.rejected.most_common():
-        print(f"  rejected {count}: {message}")
+        if out is not None:
+            out.close()
+    print_import_report(report)
+    if interrupted:
+        print(f"relay import: interrupted; the summary counts the {report.total} lines done", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 

@@ -36,7 +36,7 @@ from relay.server.ratelimit import TOO_MANY_CONNECTIONS, RateLimits
 from relay.server.search import live_search
 from relay.server.subscriptions import SubscriptionIndex
 from relay.server.wire.handshake import RoutedServerConnection
-from relay.server.wire.http import ANY_PATH, Handler, HttpRequest, HttpResponse, Routes
+from relay.server.wire.http import Handler, HttpRequest, HttpResponse, Routes
 from relay.server.wire.websocket import reset
 from relay.store.store import Store
 
@@ -173,11 +173,12 @@ class RelayServer:
 
     def _routes(self, metrics_page: Handler) -> Routes:
         """The HTTP routes on the relay's port: one line each, the first that matches answers."""
-        routes = Routes()
+        routes = Routes(self.config.server.paths)
         routes.add("GET", "/health", _health)
         routes.add("GET", "/metrics", metrics_page)
-        routes.add("GET", ANY_PATH, partial(_nip11, self.config, self.moderation),
-                   accept="application/nostr+json")  # NIP-11
+        for path in self.config.server.paths:  # the relay's endpoints (NIP-01)
+            routes.add("GET", path, partial(_nip11, self.config, self.moderation),
+                       accept="application/nostr+json")  # NIP-11
         if self.moderation is not None and self.config.admin.pubkeys:  # NIP-86 with NIP-98 (server/management.py)
             management = ManagementApi(self.config, self.moderation, self.event_limits)
             routes.add("POST", management.path, management.handle)

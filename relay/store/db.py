@@ -46,6 +46,37 @@ def read_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         conn.execute("ROLLBACK")
 
 
+def connect_readonly(path: Path) -> sqlite3.Connection:
+    """A read-only stdlib connection to the database at `path` (autocommit, 5 s busy timeout, query_only).
+
+    In WAL mode even a reader needs the -shm file, and creates it when absent:
+    where this user may not (a database of another user, in a directory it
+    cannot write), a database with no WAL content (closed cleanly) is opened
+    `immutable` instead: nothing is in a -wal file to be missed.
+
+    Raises:
+        sqlite3.Error: the file cannot be opened or read (not a database, unreadable).
+    """
+    uri = path.resolve().as_uri()
+    try:
+        return _checked(sqlite3.connect(f"{uri}?mode=ro", uri=True, isolation_level=None))
+    except sqlite3.OperationalError:
+        if Path(f"{path}-wal").exists() and Path(f"{path}-wal").stat().st_size > 0:
+            raise
+    return _checked(sqlite3.connect(f"{uri}?immutable=1", uri=True, isolation_level=None))
+
+
+def _checked(conn: sqlite3.Connection) -> sqlite3.Connection:
+    try:
+        conn.execute("PRAGMA busy_timeout = 5000")
+        conn.execute("PRAGMA query_only = 1")
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # the first read opens the WAL index
+    except sqlite3.Error:
+        conn.close()
+        raise
+    return conn
+
+
 def migrations() -> list[tuple[int, str]]:
     """The numbered migrations shipped in `relay/store/migrations/`, as (number, SQL), in order."""
     found = []

@@ -30,6 +30,7 @@ from relay.protocol.filters import Filter
 from relay.store import db
 from relay.store.bounds import run_with_deadline
 from relay.store.checkpoint import CHECKPOINT_MODES, checkpoint
+from relay.store.location import DatabaseUnusable, check_location
 from relay.store.queries import compile_count, compile_filter, run_count, run_query
 from relay.store.writes import Changes, TransactionHook, Write, apply_batch, purge_expired
 
@@ -110,13 +111,21 @@ class Store:
         """Open (creating and migrating) the database at `path`, set up `hooks`, and start the writer.
 
         `hooks` run inside every write transaction (see `writes.TransactionHook`).
+
+        Raises:
+            DatabaseUnusable: this process cannot read and write a database at `path` (it names why).
         """
         store = cls(Path(path), options, hooks)
-        store.path.parent.mkdir(parents=True, exist_ok=True)
-        store._writer_conn = await db.connect(
-            store.path, options.synchronous,
-            autocheckpoint_pages=db.FALLBACK_AUTOCHECKPOINT_PAGES if options.checkpoint_interval_seconds > 0 else 1000)
-        await db.run(store._writer_conn, db.migrate)
+        check_location(store.path)
+        try:
+            store.path.parent.mkdir(parents=True, exist_ok=True)
+            store._writer_conn = await db.connect(
+                store.path, options.synchronous,
+                autocheckpoint_pages=db.FALLBACK_AUTOCHECKPOINT_PAGES if options.checkpoint_interval_seconds > 0
+                else 1000)
+            await db.run(store._writer_conn, db.migrate)
+        except (OSError, sqlite3.Error) as exc:  # e.g. not a database, or a read-only file system
+            raise DatabaseUnusable(store.path, str(exc)) from exc
         for hook in store.hooks:
             await db.run(store._writer_conn, hook.setup)
         for _ in range(options.read_connections):

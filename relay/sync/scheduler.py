@@ -45,7 +45,8 @@ from relay.store.writes import Changes
 from relay.sync.differences import LOGGED_IDS, LastingDifferences
 from relay.keys import NodeKey, NodeKeyError, key_path, load_or_create
 from relay.sync.peer import PeerConnection, PeerError
-from relay.sync.session import ERROR, STORED, Intake, SyncOptions, SyncReport, classify, push_chunk, sync_with_peer
+from relay.sync.session import (ERROR, REFUSED, STORED, Intake, SyncOptions, SyncReport, classify, push_chunk,
+                                sync_with_peer)
 from relay.sync.state import LeaseBusy, LeaseLost, PeerStates, new_owner
 
 log = structlog.get_logger(__name__)
@@ -209,9 +210,9 @@ class PeerSync:
         except sqlite3.Error as exc:
             log.warning("sync_state_write_failed", peer=self.url, error=repr(exc))
 
-    async def _flush_counts(self, success: bool = False) -> None:
+    async def _flush_counts(self) -> None:
         events_in, events_out, self.events_in, self.events_out = self.events_in, self.events_out, 0, 0
-        await self.scheduler.states.add_counts(self.url, events_in, events_out, success)
+        await self.scheduler.states.add_counts(self.url, events_in, events_out)
 
     async def _session(self) -> None:
         """One connection: live REQ, reconcile, stream; ends only by raising (sets `_synced` on success)."""
@@ -241,7 +242,10 @@ class PeerSync:
                 finally:  # the events an interrupted reconciliation moved are counted too
                     self.events_in += report.fetched
                     self.events_out += report.pushed
-                await self._flush_counts(success=True)
+                await self._flush_counts()
+                await s.states.record_run(self.url, sum(report.refused.values()), report.error_text())
+                if report.errors:  # a failed attempt for metrics too; the stream goes on
+                    self.errors += 1
                 self._synced = True
                 log.info("sync_reconciled", peer=self.url, **report.as_dict())
                 await self._note_lasting(report)
@@ -316,7 +320,7 @@ class PeerSync:
             outcome, message = classify(accepted, message)
             if outcome == STORED:
                 self.events_out += 1
-            elif outcome == ERROR:
+            elif outcome in (ERROR, REFUSED):
                 log.warning("sync_live_push_refused", peer=self.url, event_id=event_id, message=message)
 
         async def push(events: list[Event]) -> None:

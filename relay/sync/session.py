@@ -27,7 +27,10 @@ Replies that mean "the peer (or we) already settled this" are not errors
 duplicates, a newer version held, a deleted or expired event, strfry's
 `replaced:`, an id the peer no longer serves, an event or author banned
 here.  Needed ids that retention evicted or that are banned here are
-settled without being fetched.
+settled without being fetched.  An event the peer refuses
+for good (`invalid:`, `blocked:`, ...: strfry's "too many tags") is settled
+as refused, counted and named, not an error that would fail every run;
+errors are what may pass (`rate-limited:`, `error:`, no reason).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import structlog
 
 from relay.ingest import Ingest, Outcome, Source
 from relay.ingest.outcome import BANNED, DELETED, DUPLICATE, EPHEMERAL, EVICTED, EXPIRED, NEWER_VERSION, VANISHED
-from relay.protocol.event import RAW_ID, Event
+from relay.protocol.event import RAW_ID, Event, event_ref
 from relay.protocol.filters import Filter, parse_filter
 from relay.protocol.information import keeps_deletion_marks
 from relay.protocol.negentropy import Negentropy, SortedVector
@@ -56,7 +59,10 @@ from relay.sync.peer import PeerConnection, PeerError
 log = structlog.get_logger(__name__)
 
 DIRECTIONS = ("down", "up", "both")
-STORED, SETTLED, ERROR = "stored", "settled", "error"
+STORED, SETTLED, REFUSED, ERROR = "stored", "settled", "refused", "error"
+PERMANENT = ("invalid:", "blocked:", "pow:", "restricted:", "mute:")
+"""NIP-01 prefixes of a peer's refusal that sending the same event again cannot change."""
+SHOWN_IDS = 5  # event ids kept per refusal or error message
 NOT_SENT = "not sent: the peer is not this relay software (NIP-11), which keeps deleted versions' marks"
 MISSING = "missing: the peer did not serve it (expired or deleted there?)"
 GONE_LOCALLY = "gone: no longer stored here (superseded, deleted or expired)"
@@ -85,7 +91,8 @@ class SyncOptions:
 class SyncReport:
     """Counts of one sync: distinct ids in `have` (only we hold) and `need` (only the peer holds),
     events `fetched` (stored here) and `pushed` (accepted there), and by message, refusals that
-    are `settled` and real `errors`."""
+    are `settled`, events the peer `refused` for good, and real `errors`; `ids` holds the first
+    SHOWN_IDS event ids of each refused or error message."""
 
     local_items: int = 0
     rounds: int = 0
@@ -94,7 +101,9 @@ class SyncReport:
     fetched: int = 0
     pushed: int = 0
     settled: Counter = field(default_factory=Counter)
+    refused: Counter = field(default_factory=Counter)
     errors: Counter = field(default_factory=Counter)
+    ids: dict[str, list[str]] = field(default_factory=dict)
     evidence: Counter = field(default_factory=Counter)  # deleted newest versions sent to the peer, by its answer
     seconds: float = 0.0
     reported: int = 0  # have + need ids as reported by the rounds, repeats included
@@ -102,8 +111,8 @@ class SyncReport:
     fetch_done: int = 0  # needed ids settled one way or another (for progress)
     push_done: int = 0  # had ids settled one way or another (for progress)
 
-    def count(self, outcome: str, message: str, up: bool) -> None:
-        """Count one `classify` outcome of a fetch (`up` False) or a push (`up` True)."""
+    def count(self, outcome: str, message: str, up: bool, event_id: object = None) -> None:
+        """Count one `classify` outcome of a fetch (`up` False) or a push (`up` True) of `event_id`."""
         if up:
             self.push_done += 1
         else:
@@ -116,31 +125,46 @@ class SyncReport:
         elif outcome == SETTLED:
             self.settled[message] += 1
         else:
-            self.errors[message] += 1
+            (self.refused if outcome == REFUSED else self.errors)[message] += 1
+            shown = self.ids.setdefault(message, [])
+            if type(event_id) is str and len(shown) < SHOWN_IDS:
+                shown.append(event_id)
 
     def as_dict(self) -> dict:
         """The counts as a JSON-ready dict."""
         return {"local_items": self.local_items, "rounds": self.rounds, "reported": self.reported,
                 "have": self.have, "need": self.need,
                 "fetched": self.fetched, "pushed": self.pushed, "settled": dict(self.settled),
-                "errors": dict(self.errors), "evidence": dict(self.evidence), "seconds": round(self.seconds, 3)}
+                "refused": dict(self.refused), "errors": dict(self.errors), "ids": self.ids,
+                "evidence": dict(self.evidence), "seconds": round(self.seconds, 3)}
 
     def summary(self) -> str:
-        """One line: have, need, fetched, pushed, settled, errors."""
+        """One line: have, need, fetched, pushed, settled, errors, then refused (by the peer, for good) and
+        deleted versions sent when there are any."""
         sent = sum(n for answer, n in self.evidence.items() if answer != NOT_SENT)
-        evidence = f", deleted versions sent {sent}" if sent else ""
+        refused = sum(self.refused.values())
+        extra = (f", refused {refused}" if refused else "") + (f", deleted versions sent {sent}" if sent else "")
         return (f"have {self.have}, need {self.need}, fetched {self.fetched}, pushed {self.pushed}, "
-                f"settled {sum(self.settled.values())}, errors {sum(self.errors.values())}{evidence} "
+                f"settled {sum(self.settled.values())}, errors {sum(self.errors.values())}{extra} "
                 f"({self.rounds} rounds, {self.seconds:.1f} s)")
+
+    def error_text(self) -> str | None:
+        """What `sync_peers.last_error` says of a run whose events errored (None: none did)."""
+        if not self.errors:
+            return None
+        message, count = self.errors.most_common(1)[0]
+        return (f"{sum(self.errors.values())} events not synced for now, {count} of them: {message} "
+                f"(e.g. {', '.join(self.ids.get(message, [])) or 'no id'})")
 
 
 def classify(accepted: bool, message: str) -> tuple[str, str]:
-    """(STORED | SETTLED | ERROR, message) for one NIP-01 OK answer of a peer (ours: `classify_outcome`).
+    """(STORED | SETTLED | REFUSED | ERROR, message) for one NIP-01 OK answer of a peer (ours: `classify_outcome`).
 
     Settled: `OK true` with "duplicate:", `OK false` with "duplicate:" (e.g.
     "duplicate: have a newer version"), "blocked:" for a deleted event, a
     refusal of an expired event ("invalid: event has expired" is ours,
     "blocked: event is expired" nostr-sdk's), and strfry's "replaced:".
+    Refused: any other `PERMANENT` prefix (the peer will never take it).
     """
     if accepted:
         return (SETTLED, message) if message.startswith("duplicate:") else (STORED, message)
@@ -151,6 +175,8 @@ def classify(accepted: bool, message: str) -> tuple[str, str]:
         return SETTLED, message
     if lower.startswith(("invalid:", "blocked:")) and "expired" in lower:
         return SETTLED, message
+    if lower.startswith(PERMANENT):
+        return REFUSED, message
     return ERROR, message or "refused without a reason"
 
 
@@ -288,8 +314,8 @@ class _Fetcher:
                 objects = await self.conn.fetch(remaining)
             before = len(wanted)
             async with self.storing:
-                for outcome, message in await self.intake.accept(objects, asked_for, self.older):
-                    self.report.count(outcome, message, up=False)
+                for obj, (outcome, message) in zip(objects, await self.intake.accept(objects, asked_for, self.older)):
+                    self.report.count(outcome, message, False, event_ref(obj))
             self.progress(self.report)
             # A peer whose max limit is below our batch serves part of it: ask again for the rest,
             # until a REQ brings nothing new (what is left is not served there).
@@ -360,7 +386,7 @@ async def _push(conn: PeerConnection, store: Store, ids: list[bytes], options: S
     failures: list[BaseException] = []
 
     def on_answer(event_id: str, accepted: bool, message: str) -> None:
-        report.count(*classify(accepted, message), up=True)
+        report.count(*classify(accepted, message), True, event_id)
 
     async def push_chunk_of(raws: list[bytes]) -> None:
         try:

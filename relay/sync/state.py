@@ -32,7 +32,7 @@ from relay.store import db
 log = structlog.get_logger(__name__)
 
 _COLUMNS = ("url", "last_attempt", "last_success", "events_in", "events_out", "last_error", "last_error_at",
-            "lease_owner", "lease_expires", "lasting_differences")
+            "lease_owner", "lease_expires", "lasting_differences", "refused")
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class PeerState:
     lease_owner: str | None
     lease_expires: float | None
     lasting_differences: int = 0  # ids found different in the last two reconciliations (differences.py)
+    refused: int = 0  # events the peer refused for good in the last complete reconciliation (session.py)
 
     def as_dict(self) -> dict:
         """The row as a JSON-ready dict."""
@@ -149,6 +150,17 @@ def record_error(conn: sqlite3.Connection, url: str, now: int, error: str) -> No
     conn.execute("UPDATE sync_peers SET last_error = ?, last_error_at = ? WHERE url = ?", (error[:1000], now, url))
 
 
+def record_run(conn: sqlite3.Connection, url: str, now: int, refused: int, error: str | None) -> None:
+    """Record a finished reconciliation with `url`: the events the peer `refused` for good, and `error`
+    when some events could not be synced for now (else it was a success at `now`)."""
+    _ensure(conn, url)
+    conn.execute("UPDATE sync_peers SET refused = ? WHERE url = ?", (refused, url))
+    if error is None:
+        conn.execute("UPDATE sync_peers SET last_success = ? WHERE url = ?", (now, url))
+    else:
+        record_error(conn, url, now, error)
+
+
 def set_lasting_differences(conn: sqlite3.Connection, url: str, count: int) -> None:
     """Record how many ids the last two reconciliations with `url` both found different."""
     _ensure(conn, url)
@@ -195,13 +207,17 @@ class PeerStates:
         """`record_attempt` now."""
         await db.run(self._conn, record_attempt, url, int(time.time()))
 
-    async def add_counts(self, url: str, events_in: int, events_out: int, success: bool = False) -> None:
-        """`add_counts`; `success` sets `last_success` to now."""
-        await db.run(self._conn, add_counts, url, events_in, events_out, int(time.time()) if success else None)
+    async def add_counts(self, url: str, events_in: int, events_out: int) -> None:
+        """`add_counts` (a run's success is `record_run`'s)."""
+        await db.run(self._conn, add_counts, url, events_in, events_out)
 
     async def record_error(self, url: str, error: str) -> None:
         """`record_error` now."""
         await db.run(self._conn, record_error, url, int(time.time()), error)
+
+    async def record_run(self, url: str, refused: int, error: str | None) -> None:
+        """`record_run` now."""
+        await db.run(self._conn, record_run, url, int(time.time()), refused, error)
 
     async def set_lasting_differences(self, url: str, count: int) -> None:
         """`set_lasting_differences`."""

@@ -94,12 +94,16 @@ def serve_args(service: LocalService, services: dict[str, LocalService], command
     return args
 
 
-def service_env(service: LocalService, image_env: dict[str, str], spec: dict) -> dict[str, str]:
-    """The image's RELAY_* environment and the service's own, paths made local, listening on loopback."""
+def service_env(service: LocalService, image_env: dict[str, str], spec: dict,
+                services: dict[str, LocalService], tmp_path: Path) -> dict[str, str]:
+    """The image's RELAY_* environment and the service's own, paths made local (RELAY_CONFIG: a local copy of
+    the file), listening on loopback."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
     relay_env = {k: v for k, v in image_env.items() if k.startswith("RELAY_")}
     relay_env.update(spec.get("environment", {}))
     env.update({k: service.local_path(v) for k, v in relay_env.items()})
+    if "RELAY_CONFIG" in relay_env:
+        env["RELAY_CONFIG"] = str(local_config(service, services, relay_env["RELAY_CONFIG"], tmp_path))
     assert env["RELAY_SERVER__HOST"] == "0.0.0.0"
     env["RELAY_SERVER__HOST"] = "127.0.0.1"  # the container's every interface; loopback only here
     env["RELAY_SERVER__PORT"] = str(service.port)
@@ -141,7 +145,7 @@ def test_example_nodes_name_each_other_as_peers(tmp_path):
     for name, spec in compose["services"].items():
         (other,) = set(services) - {name}
         service = services[name]
-        config = load_config(Path(service.local_path(spec["command"][spec["command"].index("--config") + 1])))
+        config = load_config(Path(service.local_path(spec["environment"]["RELAY_CONFIG"])))
         (own_secret,) = spec["secrets"]
         (other_secret,) = compose["services"][other]["secrets"]
         assert config.sync.secret_key_file == f"/run/secrets/{own_secret}"
@@ -161,7 +165,7 @@ async def test_two_nodes_from_the_compose_file_sync_both_ways(tmp_path):
         running = {}
         for name, spec in compose["services"].items():
             service = services[name]
-            env = service_env(service, image.env, spec)
+            env = service_env(service, image.env, spec, services, tmp_path)
             workdir = tmp_path / f"{name}-run"
             workdir.mkdir()
             running[name] = stack.enter_context(
@@ -192,3 +196,17 @@ async def test_two_nodes_from_the_compose_file_sync_both_ways(tmp_path):
             assert reconciled_with(running[name], services[other].url), running[name].stderr[-3000:]
             store = Path(running[name].env["RELAY_STORE__PATH"])  # the image's /data/relay.db, in this node's volume
             assert store.exists() and store.parent == services[name].mounts["/data"]
+
+
+def test_relay_key_in_a_composed_container_finds_the_node_key_its_config_names(tmp_path):
+    """`docker compose exec node-a relay key` (no flags, the service's environment): the pubkey of the key file
+    the mounted config names, its compose secret (it looked for /data/sync.key and found none)."""
+    compose, image = read_compose(), read_image()
+    services = map_services(compose, tmp_path)
+    for name, spec in compose["services"].items():
+        env = service_env(services[name], image.env, spec, services, tmp_path)
+        key = subprocess.run([sys.executable, "-m", "relay", "key"], env=env, capture_output=True, text=True,
+                             timeout=60)
+        (secret,) = spec["secrets"]
+        assert key.returncode == 0, key.stderr
+        assert key.stdout.strip() == node_pubkey(REPO / compose["secrets"][secret]["file"])

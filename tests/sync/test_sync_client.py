@@ -272,13 +272,19 @@ async def test_cli_exits_nonzero_when_peer_is_unreachable(tmp_path):
     (False, "invalid: event has expired", "settled"),
     (False, "blocked: event is expired", "settled"),
     (False, "replaced: have newer event", "settled"),
-    (False, "blocked: pubkey not allowed", "error"),
-    (False, "invalid: bad signature", "error"),
+    (False, "blocked: pubkey not allowed", "refused"),
+    (False, "invalid: bad signature", "refused"),
+    (False, "invalid: too many tags", "refused"),
+    (False, "pow: difficulty 30 is required", "refused"),
+    (False, "restricted: not allowed to write", "refused"),
     (False, "rate-limited: slow down", "error"),
+    (False, "error: could not save", "error"),
+    (False, "auth-required: authenticate first", "error"),
     (False, "", "error"),
 ])
 def test_classify_ok_replies(accepted, message, outcome):
-    """Which OK replies count as pushed/stored, settled, or errors."""
+    """Which OK replies count as pushed/stored, settled, refused for good (NIP-01 prefixes no retry changes), or
+    errors (what may pass)."""
     assert classify(accepted, message)[0] == outcome
 
 
@@ -304,16 +310,22 @@ async def test_push_refusals_that_settle_are_not_errors(tmp_path, alice):
 
 
 async def test_push_refusal_that_is_an_error_fails_the_cli(tmp_path, alice):
-    """A real refusal ("blocked: pubkey not allowed") is counted as an error: listed, and exit 1."""
+    """A refusal that may pass ("error: could not save") is counted as an error: listed with its id, exit 1,
+    and `relay status` shows the run's error."""
     config = local_config(tmp_path)
     events = notes(alice, 3, NOW - 70)
     await seed(config, events)
-    async with ScriptedRelay(ok={events[0]["id"]: (False, "blocked: pubkey not allowed")}) as peer:
+    async with ScriptedRelay(ok={events[0]["id"]: (False, "error: could not save")}) as peer:
         code, out, err = await relay_cli_async("sync", peer.url, "--db", config.store.path)
     assert code == 1
     assert "pushed 2, settled 0, errors 1" in out
-    assert "  error 1: blocked: pubkey not allowed" in out.splitlines()
+    assert "  error 1: error: could not save" in out.splitlines()
+    assert f"    ids {events[0]['id']}" in out.splitlines()
     assert "finished with 1 errors" in err
+    code, out, _ = await relay_cli_async("status", "--db", config.store.path, "--json")
+    [state] = json.loads(out)["peers"]
+    assert state["last_success"] is None and state["last_error"].startswith("1 events not synced for now")
+    assert events[0]["id"] in state["last_error"] and state["refused"] == 0
 
 
 async def test_interrupted_push_counts_every_event_the_peer_acknowledged(tmp_path, alice):
@@ -324,7 +336,7 @@ async def test_interrupted_push_counts_every_event_the_peer_acknowledged(tmp_pat
     events = notes(alice, 120, NOW - 300)
     await seed(config, events)
     ok = {e["id"]: (True, "duplicate: already have this event") for e in events[::10]}
-    ok[events[-6]["id"]] = (False, "blocked: pubkey not allowed")  # the push goes newest first: this one arrives
+    ok[events[-6]["id"]] = (False, "error: could not save")  # the push goes newest first: this one arrives
     options = sync_options(config, "up")
     assert push_chunk(options.push_in_flight) == 50  # the drop falls inside a chunk
     report = SyncReport()
@@ -393,3 +405,81 @@ async def test_refused_auth_fails_with_a_clear_message(tmp_path, alice):
     assert code == 1
     assert "refused our NIP-42 AUTH as node" in err
     assert "restricted: this node is not on the allow list" in err
+
+
+async def test_ctrl_c_during_a_sync_prints_the_summary_and_exits_130(tmp_path, alice):
+    """SIGINT while the peer has not answered yet: the summary line, "interrupted", exit 130, no traceback (there
+    were two KeyboardInterrupt tracebacks and no summary)."""
+    import signal
+    import sys
+
+    from tests.served import clean_env
+
+    config = local_config(tmp_path)
+    await seed(config, notes(alice, 3, NOW - 70))
+    async with ScriptedRelay(mode="silent") as peer:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "relay", "sync", peer.url, "--db", config.store.path,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=clean_env())
+        async with asyncio.timeout(30):
+            while not any(m[0] == "NEG-OPEN" for m in peer.messages):
+                await asyncio.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+    out, err = out.decode(), err.decode()
+    assert proc.returncode == 130, (out, err)
+    assert out.startswith(f"sync {peer.url} (both): have 0, need 0, fetched 0, pushed 0"), out
+    assert "relay sync: interrupted" in err and "Traceback" not in err
+
+
+STRFRY_REFUSALS = ["invalid: too many tags", "invalid: unexpected size for fixed-size tag: e",
+                   "invalid: unexpected size for fixed-size tag: e", "blocked: pubkey not allowed"]
+
+
+async def test_events_the_peer_refuses_for_good_are_settled_named_and_shown_alike(tmp_path, alice):
+    """strfry refusing events for good ("invalid: too many tags", ...): `relay sync` exits 0 listing each reason
+    with its ids, and `relay status` shows the run as a success with those refusals, run after run (every run
+    exited 1 with "finished with 4 errors", no ids, and status showed a success)."""
+    config = local_config(tmp_path)
+    events = notes(alice, 6, NOW - 70)
+    await seed(config, events)
+    ok = {e["id"]: (False, message) for e, message in zip(events, STRFRY_REFUSALS)}
+    async with ScriptedRelay(ok=ok, keep=True) as peer:
+        for _ in range(2):
+            code, out, err = await relay_cli_async("sync", peer.url, "--db", config.store.path, "--dir", "up")
+            assert code == 0, out + err
+            assert "errors 0, refused 4" in out.splitlines()[0]
+            lines = out.splitlines()
+            at = lines.index("  refused 2: invalid: unexpected size for fixed-size tag: e")
+            assert set(lines[at + 1].removeprefix("    ids ").split(", ")) == {events[1]["id"], events[2]["id"]}
+            assert "  refused 1: invalid: too many tags" in lines and "finished with" not in err
+    code, out, _ = await relay_cli_async("status", "--db", config.store.path, "--json")
+    [state] = json.loads(out)["peers"]
+    assert state["refused"] == 4 and state["last_error"] is None and state["last_success"] is not None
+    code, text, _ = await relay_cli_async("status", "--db", config.store.path)
+    assert "    refused 4: events the peer refused for good" in text
+
+
+async def test_a_configured_peer_counts_refused_events_in_metrics_and_errors_as_failed_attempts(tmp_path, alice):
+    """A `[[sync.peers]]` peer refusing 4 events for good: `relay_sync_refused_events` 4, no sync error; one that
+    answers "error:": a failed attempt in `relay_sync_errors_total` and in status."""
+
+    events = notes(alice, 6, NOW - 70)
+    ok = {e["id"]: (False, message) for e, message in zip(events, STRFRY_REFUSALS)}
+    ok[events[4]["id"]] = (False, "error: could not save")
+    async with ScriptedRelay(ok=ok) as peer:
+        config = local_config(tmp_path, sync={"peers": [{"url": peer.url, "direction": "up"}]})
+        await seed(config, events)
+        node = Relay(config)
+        await node.start()
+        try:
+            page = ""
+            async with asyncio.timeout(20):
+                while f'relay_sync_refused_events{{peer="{peer.url}"}} 4.0' not in page:
+                    await asyncio.sleep(0.1)
+                    page = (await node.node.metrics.render()).decode()
+            assert f'relay_sync_errors_total{{peer="{peer.url}"}} 1.0' in page
+            [state] = await node.store.read_snapshot(read_states)
+            assert state.refused == 4 and state.last_error.startswith("1 events not synced for now")
+        finally:
+            await node.stop()

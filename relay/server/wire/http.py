@@ -9,14 +9,21 @@ once, as soon as it can:
 * it is not an HTTP/1.1 request h11 can read (two Host fields, a header block
   past `MAX_HEADER_BYTES`, ...): the `HttpResponse` refusing it, 400 or 431
   (RFC 9112), to send as it is;
+* a CORS preflight (`OPTIONS` with `Access-Control-Request-Method`) for a
+  path some route answers: 204 with the CORS headers, naming the methods
+  routed for that path (`Routes.preflight`);
+* a path that is not one of the relay's endpoints (`[server] paths`): 404
+  (NIP-01: a relay accepts connections on a single endpoint when extra path
+  segments do not change its behaviour);
 * anything else, a WebSocket upgrade above all: `HANDOFF`, and the bytes
   received so far (`RequestReader.received`) go to websockets unchanged, which
   upgrades, or answers as it does (426 to a plain GET, 405 to another method).
 
 A route matches a method and a path (`route_path`: the request target
 without its query string, the one accepted-paths check), and optionally a
-media type the Accept header must name; the first route that matches answers.
-`Routes.response` gives every answer the same CORS headers.
+media type the Accept header must name (`accepts`: case-insensitive, as media
+types are); the first route that matches answers.  `Routes.response` gives
+every answer the same CORS headers.
 """
 
 from __future__ import annotations
@@ -34,6 +41,10 @@ MAX_HEADER_BYTES = 65_536
 """Bytes of an unfinished request line and header fields held at most: past them, 431."""
 ANY_PATH = "*"
 """A route path that matches every path."""
+ALLOWED_HEADERS = "Authorization, Content-Type, *"
+"""CORS request headers allowed: any (`*`), and Authorization (NIP-98), which the wildcard does not cover (Fetch)."""
+PREFLIGHT_MAX_AGE = "86400"
+"""Seconds a browser may keep a preflight's answer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,11 +65,13 @@ class HttpRequest:
 
 @dataclass(frozen=True, slots=True)
 class HttpResponse:
-    """What a route answers: `status`, `body` and its media type."""
+    """What a route answers: `status`, `body` and its media type; `cors`: its CORS header fields, when not
+    those of the whole table (a preflight's name the methods of one path)."""
 
     status: HTTPStatus
     body: bytes
     content_type: str
+    cors: tuple[tuple[str, str], ...] | None = None
 
 
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
@@ -76,20 +89,40 @@ class Route:
 
     def matches(self, method: str, path: str, accept: str) -> bool:
         """Whether this route answers a `method` request for `path` with that Accept header."""
-        return (method == self.method and self.path in (path, ANY_PATH)
-                and (self.accept is None or self.accept in accept))
+        return method == self.method and self.serves(path) and (self.accept is None or accepts(accept, self.accept))
+
+    def serves(self, path: str) -> bool:
+        """Whether this route is for `path` (whatever the method)."""
+        return self.path in (path, ANY_PATH)
+
+
+def accepts(accept: str, media_type: str) -> bool:
+    """Whether the Accept header value `accept` names `media_type` (RFC 9110 12.5.1: media types are
+    case-insensitive; parameters such as `;q=0.9` are ignored, and so are wildcards like `*/*`)."""
+    wanted = media_type.lower()
+    return any(item.partition(";")[0].strip().lower() == wanted for item in accept.split(","))
 
 
 def route_path(target: str) -> str:
-    """The path a request target is routed by: without its query string ("/metrics?x=1" is /metrics)."""
-    return urlsplit(target).path
+    """The path a request target is routed by: without its query string ("/metrics?x=1" is /metrics).
+
+    An origin-form target is cut at "?" (urlsplit would read "//x" as a host); an absolute-form one
+    ("http://host/path", RFC 9112 3.2.2) is split as a URL, its empty path being "/".
+    """
+    if target.startswith("/"):
+        return target.partition("?")[0]
+    return urlsplit(target).path or "/"
 
 
 class Routes:
-    """The relay's HTTP route table, tried in order; `add` one route per line."""
+    """The relay's HTTP route table, tried in order; `add` one route per line.
 
-    def __init__(self) -> None:
+    `endpoints` are the paths a WebSocket may connect to (`[server] paths`); None: any path.
+    """
+
+    def __init__(self, endpoints: tuple[str, ...] | None = None) -> None:
         self._routes: list[Route] = []
+        self._endpoints = None if endpoints is None else frozenset(endpoints)
 
     def add(self, method: str, path: str, handler: Handler, accept: str | None = None) -> None:
         """Answer `method` requests for `path` with `handler` (see `Route`); earlier routes take precedence."""
@@ -100,16 +133,32 @@ class Routes:
         method, path, accept = request.method, request.path, request.header("accept")
         return next((route for route in self._routes if route.matches(method, path, accept)), None)
 
-    def cors_headers(self) -> list[tuple[str, str]]:
-        """The CORS headers of every answer: any origin, any header, the methods the table routes."""
-        methods = ", ".join(dict.fromkeys(route.method for route in self._routes))
-        return [("Access-Control-Allow-Origin", "*"), ("Access-Control-Allow-Headers", "*"),
+    def is_endpoint(self, path: str) -> bool:
+        """Whether a WebSocket may connect on `path` (NIP-01: one endpoint, `[server] paths`)."""
+        return self._endpoints is None or path in self._endpoints
+
+    def preflight(self, request: HttpRequest) -> HttpResponse | None:
+        """The answer to a CORS preflight (`OPTIONS` with `Access-Control-Request-Method`) for a path some
+        route serves: 204, whose CORS headers name that path's methods; else None."""
+        if request.method != "OPTIONS" or not request.header("access-control-request-method"):
+            return None
+        if not any(route.serves(request.path) for route in self._routes):
+            return None
+        return HttpResponse(HTTPStatus.NO_CONTENT, b"", "text/plain",
+                            (*self.cors_headers(request.path), ("Access-Control-Max-Age", PREFLIGHT_MAX_AGE)))
+
+    def cors_headers(self, path: str | None = None) -> list[tuple[str, str]]:
+        """The CORS headers of every answer: any origin, any header (`ALLOWED_HEADERS`), the methods the
+        table routes (for `path` only, when given)."""
+        methods = ", ".join(dict.fromkeys(route.method for route in self._routes
+                                          if path is None or route.serves(path)))
+        return [("Access-Control-Allow-Origin", "*"), ("Access-Control-Allow-Headers", ALLOWED_HEADERS),
                 ("Access-Control-Allow-Methods", methods)]
 
     def response(self, answer: HttpResponse) -> Response:
         """`answer` as websockets' `Response`, with its length and the CORS headers."""
         headers = Headers([("Content-Type", answer.content_type), ("Content-Length", str(len(answer.body))),
-                           *self.cors_headers()])
+                           *(answer.cors or self.cors_headers())])
         return Response(answer.status.value, answer.status.phrase, headers, answer.body)
 
 
@@ -198,13 +247,21 @@ class RequestReader:
         request = HttpRequest(method, route_path(target), target, headers)
         route = self._routes.find(request)
         if route is None:
-            return HANDOFF
+            return self._unrouted(request)
         self.received = None  # a route's: never handed to websockets
         self._answer = Answer(route, request)
         length = request.header("content-length")
         if length.isdigit() and int(length) > self._max_body_bytes:  # (h11 has checked its syntax)
             return self._too_large()
         return None
+
+    def _unrouted(self, request: HttpRequest) -> Decision:
+        """A CORS preflight's answer; 404 off the relay's endpoints; else websockets' request."""
+        if (preflight := self._routes.preflight(request)) is not None:
+            return preflight
+        if not self._routes.is_endpoint(request.path):
+            return _plain(HTTPStatus.NOT_FOUND, "not found: not this relay's endpoint")
+        return HANDOFF
 
     def _too_large(self) -> HttpResponse:
         return _plain(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
