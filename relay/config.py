@@ -189,6 +189,7 @@ class StoreConfig:
     checkpoint_interval_seconds: float = _declared(StoreOptions, "checkpoint_interval_seconds")
     checkpoint_mode: str = _declared(StoreOptions, "checkpoint_mode")
     checkpoint_truncate_wal_bytes: int = _declared(StoreOptions, "checkpoint_truncate_wal_bytes")
+    change_log_max_entries: int = _declared(StoreOptions, "change_log_max_entries")
     verify_threads: int = key(2, "threads checking BIP-340 signatures", unit="threads", min=1)
     max_projector_refusals: int = key(MAX_REFUSALS, "[[projectors]]: rows kept in the refusal log", unit="rows",
                                       min=1)
