@@ -27,7 +27,9 @@ from relay.store.projectors.verify import verify
 SHOWN_PER_KIND = 10  # keys listed per table and per kind of problem
 
 
-def _open_readonly(path: str) -> sqlite3.Connection | None:
+def open_readonly(path: str) -> sqlite3.Connection | None:
+    """A read-only autocommit connection to the database at `path` (a running relay is not disturbed); None, with
+    a line on stderr, when there is no such file."""
     file = Path(path)
     if not file.exists():
         print(f"relay: no database at {file}", file=sys.stderr)
@@ -50,7 +52,7 @@ def run_verify(config: Config) -> int:
     filter, and returns 0 when everything agrees, 1 when anything does not,
     2 when there is no database.
     """
-    conn = _open_readonly(config.store.path)
+    conn = open_readonly(config.store.path)
     if conn is None:
         return 2
     with closing(conn):
@@ -128,7 +130,7 @@ def projector_states(conn: sqlite3.Connection, config: Config) -> list[dict]:
 
 def run_projectors_list(config: Config) -> int:
     """`relay projectors list`: each configured or remembered projector, its kind, revision, state, rows, refusals."""
-    conn = _open_readonly(config.store.path)
+    conn = open_readonly(config.store.path)
     if conn is None:
         return 2
     with closing(conn):
@@ -176,7 +178,7 @@ def run_projectors_rebuild(config: Config, name: str) -> int:
 
 def run_projectors_refusals(config: Config, projector: str | None, limit: int, as_json: bool) -> int:
     """`relay projectors refusals`: the newest refusals first (time, projector, event id, reason)."""
-    conn = _open_readonly(config.store.path)
+    conn = open_readonly(config.store.path)
     if conn is None:
         return 2
     with closing(conn):
@@ -207,7 +209,7 @@ def run_query(config: Config, table: str, where: str | None, as_json: bool, limi
     `--json`.  `--where` is an SQL expression run on a read-only connection.
     Returns 2 for a table that is not projected or a bad expression.
     """
-    conn = _open_readonly(config.store.path)
+    conn = open_readonly(config.store.path)
     if conn is None:
         return 2
     with closing(conn):

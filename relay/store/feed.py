@@ -78,7 +78,7 @@ class StaleCursor(LookupError):
         self.oldest = oldest
 
 
-def next_position(cur: sqlite3.Cursor) -> int:
+def next_position(cur: sqlite3.Cursor | sqlite3.Connection) -> int:
     """The next free position (inside the write transaction that will use it)."""
     return cur.execute(
         "SELECT max(coalesce((SELECT max(seq) FROM events), 0), coalesce((SELECT max(seq) FROM removals), 0),"
@@ -108,6 +108,11 @@ def log_removals(cur: sqlite3.Cursor, removed: Iterable, reasons: dict[int, str]
                           (entries - max_entries - 1,)).fetchone()[0]
         cur.execute("DELETE FROM removals WHERE seq <= ?", (cut,))
         cur.execute("UPDATE feed_state SET entries = ?, trimmed_through = ?", (max_entries, cut))
+
+
+def head(conn: sqlite3.Connection) -> int:
+    """The position of the newest change (0: none yet), a cursor after which nothing has happened."""
+    return next_position(conn) - 1
 
 
 def oldest(conn: sqlite3.Connection) -> int:
