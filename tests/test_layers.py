@@ -23,7 +23,7 @@ LAYERS: list[set[str]] = [
     {"keys"},
     {"ingest"},
     {"server", "sync"},
-    {"node", "metrics", "retention", "hooks"},
+    {"node", "metrics", "retention", "hooks", "locks"},
     {"commands", "cli", "__main__"},
 ]
 APART = [{"server", "sync"}]  # same layer, yet neither may import the other
