@@ -22,3 +22,7 @@ CREATE TABLE feed_state (
     max_entries     INTEGER NOT NULL DEFAULT 1000000  -- the bound, set from store.change_log_max_entries at each open
 );
 INSERT INTO feed_state (one) VALUES (1);
+
+-- Peer sync's live push (relay/sync/scheduler.py) resumes from here after an outage or a restart.
+ALTER TABLE sync_peers ADD COLUMN push_cursor INTEGER;  -- change feed position pushed up to (every event
+                                                        -- committed up to it was answered by the peer); NULL: never
