@@ -4,7 +4,7 @@ How this works
 --------------
 Positions are one integer sequence shared by insertions and removals.  An
 insertion's position is the `events.seq` its row gets; a removal's is a row
-of `removals` (migration 0008), written in the same transaction by
+of `removals` (the change_feed migration), written in the same transaction by
 `log_removals`, which also keeps the position of the insertion it undoes.
 The next free position is one more than the largest of `events.seq`,
 `removals.seq` and `feed_state.trimmed_through`: a removal always comes
