@@ -24,8 +24,8 @@ import gc
 import signal
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from http import HTTPStatus
+from pathlib import Path
 
 import structlog
 

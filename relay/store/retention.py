@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from relay.protocol.filters import Filter
+from relay.store import feed
 from relay.store.batch import Row
 from relay.store.projectors.rows import stored_event
-from relay.store import feed
 from relay.store.db import transaction
 from relay.store.writes import Changes, TransactionHook, ids_in, remove_events
 
