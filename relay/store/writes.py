@@ -161,9 +161,10 @@ def _delete_stored(cur: sqlite3.Cursor, rows: list[Row]) -> None:
 
 
 def _delete_by_id(cur: sqlite3.Cursor, targets: list[tuple[bytes, bytes]]) -> list[Row]:
-    # Few per batch: NIP-09 targets stored before it, checked for author and kind by SQL.
+    # Few per batch: NIP-09 targets stored before it, checked for author and kind by SQL; each once, though
+    # several deletions of the batch name it (else it would be handed to the hooks and the feed twice).
     rows = []
-    for tid, pk in targets:
+    for tid, pk in dict.fromkeys(targets):
         rows += [Row(*r) for r in cur.execute(
             "SELECT seq, id, pubkey, created_at, kind, d_tag, raw FROM events WHERE id = ? AND pubkey = ?"
             f" AND kind NOT IN ({','.join('?' * len(UNDELETABLE_KINDS))})", (tid, pk, *UNDELETABLE_KINDS))]

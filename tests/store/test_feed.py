@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
 
 from relay.store import feed
 from relay.store.retention import Protection, Scan, evict_step
 from relay.store.store import Store
-from tests.store.test_properties import OPTIONS, parsed
+from tests.store.test_properties import OPTIONS, SETTINGS, live_ids, parsed, scenarios
 
 NOW = int(time.time())
 
@@ -127,3 +130,34 @@ async def test_kinds_select_changes_of_those_kinds(tmp_path, alice):
     finally:
         await store.close()
     assert [(c.cursor, c.op, c.kind) for c in changes] == [(2, "insert", 0), (3, "insert", 0), (4, "remove", 0)]
+
+
+@settings(SETTINGS, max_examples=60)
+@given(scenario=scenarios())
+def test_replaying_the_feed_gives_the_live_set(scenario):
+    """Replacements and deletions in gathered batches (with repeats): each stored event is inserted once, each
+    removal follows its insertion, positions are unique and rising, and insertions minus removals are the live
+    set."""
+    events = scenario.events()
+
+    async def run(path: Path) -> tuple[list[feed.Change], set[str], set[str]]:
+        store = await Store.open(path, OPTIONS)
+        try:
+            stored = set()
+            for batch in scenario.batches(events):
+                outcomes = await asyncio.gather(*[store.submit(parsed(e)) for e in batch])
+                stored |= {e["id"] for e, outcome in zip(batch, outcomes) if outcome == (True, "")}
+            return await _everything(store, limit=4), await live_ids(store), stored
+        finally:
+            await store.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        changes, live, stored = asyncio.run(run(Path(tmp) / "f.db"))
+    assert [c.cursor for c in changes] == sorted({c.cursor for c in changes})
+    inserted = [c.id for c in changes if c.op == "insert"]
+    assert sorted(inserted) == sorted(stored)  # once each
+    removed = [c.id for c in changes if c.op == "remove"]
+    assert len(removed) == len(set(removed))
+    first = {c.id: c.cursor for c in reversed(changes)}
+    assert all(first[c.id] < c.cursor for c in changes if c.op == "remove")
+    assert set(inserted) - set(removed) == live
