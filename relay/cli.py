@@ -1,4 +1,4 @@
-"""The `relay` command line: serve, import, export, sync, status, key, backup, verify, projectors, query,
+"""The `relay` command line: serve, import, export, sync, status, changes, key, backup, verify, projectors, query,
 ban, unban, bans.
 
 This module parses the arguments and dispatches; the bodies are in
@@ -53,6 +53,12 @@ def _parser() -> argparse.ArgumentParser:
     sync.add_argument("--frame-size", type=int, help="bytes per negentropy message (default: sync.frame_size_limit)")
     status = commands.add_parser("status", parents=[common], help="database size, events by kind, sync peers")
     status.add_argument("--json", action="store_true", help="print JSON for scripts")
+    changes = commands.add_parser("changes", parents=[common], help="print the change feed (every insertion and "
+                                  "removal, in commit order) as JSON lines")
+    changes.add_argument("--since", type=_cursor, metavar="CURSOR",
+                         help="print the changes after this cursor (default: the oldest kept)")
+    changes.add_argument("--follow", action="store_true", help="keep printing new changes until interrupted")
+    changes.add_argument("--kinds", type=_kinds, metavar="K,...", help="only changes of these event kinds")
     key = commands.add_parser("key", parents=[common], help="print a node's pubkey (--file: creating that key file if absent)")
     key.add_argument("--file", type=Path, help="the key file (default: sync.secret_key_file, else sync.key beside the db)")
     backup = commands.add_parser("backup", parents=[common], help="write a consistent copy of the database "
@@ -76,6 +82,19 @@ def _ban_parsers(commands, common: argparse.ArgumentParser) -> None:
     unban.add_argument("item", help="the 64-hex event id or pubkey, or the IP address or network")
     bans = commands.add_parser("bans", parents=[common], help="banned pubkeys and events, blocked IPs")
     bans.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+
+def _cursor(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"a cursor is a whole number >= 0, got {text!r}")
+    return int(text)
+
+
+def _kinds(text: str) -> frozenset[int]:
+    parts = text.split(",")
+    if not all(p.isdigit() and int(p) <= 65535 for p in parts):
+        raise argparse.ArgumentTypeError(f"kinds are comma-separated numbers 0..65535, got {text!r}")
+    return frozenset(map(int, parts))
 
 
 def _projector_parsers(commands, common: argparse.ArgumentParser) -> None:
@@ -161,6 +180,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from relay.commands.status import run_status
 
         return run_status(config, args.json)
+    if args.command == "changes":
+        from relay.commands.changes import run_changes
+
+        return run_changes(config, args.since, args.follow, args.kinds)
     if args.command == "key":
         from relay.commands.key import run_key
         from relay.keys import key_path

@@ -205,6 +205,7 @@ class StoreConfig:
     checkpoint_interval_seconds: float = _declared(StoreOptions, "checkpoint_interval_seconds")
     checkpoint_mode: str = _declared(StoreOptions, "checkpoint_mode")
     checkpoint_truncate_wal_bytes: int = _declared(StoreOptions, "checkpoint_truncate_wal_bytes")
+    change_log_max_entries: int = _declared(StoreOptions, "change_log_max_entries")
     verify_threads: int = key(2, "threads checking BIP-340 signatures", unit="threads", min=1)
     max_projector_refusals: int = key(MAX_REFUSALS, "[[projectors]]: rows kept in the refusal log", unit="rows",
                                       min=1)
@@ -307,7 +308,7 @@ class SyncConfig:
     fetch_batch: int = key(500, "event ids per REQ when fetching what we lack", unit="ids", min=1)
     fetch_in_flight: int = key(2, "fetch REQs awaiting their EOSE at once", unit="REQs", min=1)
     push_in_flight: int = key(500, "EVENTs sent to a peer awaiting their OK at once", unit="EVENTs", min=1)
-    live_queue: int = key(10_000, "new events waiting to be pushed live to one peer", unit="events", min=1)
+    live_queue: int = key(10_000, "events received live from one peer waiting to be stored", unit="events", min=1)
     timeout_seconds: float = key(30.0, "time without any message from a peer before a pending request fails",
                                  unit="seconds", min=0.1)
     connect_timeout_seconds: float = key(10.0, "time to open the WebSocket to a peer", unit="seconds", min=0.1)

@@ -10,8 +10,10 @@ would no longer agree with the events; `relay verify` tells).
 path with its one signature pool, the server (relay/server/), the background tasks (expiry
 purge, retention, memory trim) and peer sync (relay/sync/); each commit is
 counted and fanned out to live subscriptions, then offered to peers.
-`run(config)` is `relay serve`: it also owns the process tuning (malloc, GC,
-switch interval) and stops on SIGINT/SIGTERM or when the writer fails.
+`run(config)` is `relay serve`: it holds the database's and the port's locks
+(relay/locks.py: one relay per database and per port), owns the process
+tuning (malloc, GC, switch interval) and stops on SIGINT/SIGTERM or when the
+writer fails.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable
 from http import HTTPStatus
+from pathlib import Path
 
 import structlog
 
@@ -33,6 +36,7 @@ from relay.hooks import hooks
 from relay.ingest import Ingest
 from relay.ingest.moderation import Moderation
 from relay.keys import NodeKeyError
+from relay.locks import PORT_ADVICE, InstanceLock, LockHeld, database_lock, port_lock
 from relay.metrics import CONTENT_TYPE, Metrics
 from relay.protocol.event import Event
 from relay.retention import is_configured, retention_forever
@@ -229,8 +233,48 @@ def _tune_after_start() -> None:
     sys.setswitchinterval(_SWITCH_INTERVAL_SECONDS)
 
 
+def _hold_locks(config: Config) -> list[InstanceLock]:
+    """Take the database's lock, then the port's (none for port 0: the kernel picks a free one).
+
+    Raises:
+        LockHeld: the line `relay serve` prints: who holds which, and what to do.
+    """
+    db, port = config.store.path, config.server.port
+    locks = [database_lock(db)] + ([port_lock(port)] if port != 0 else [])
+    about = {"db": str(Path(db).resolve()), "port": port}
+    held: list[InstanceLock] = []
+    try:
+        for lock in locks:
+            lock.acquire(about)
+            held.append(lock)
+    except LockHeld:
+        for lock in held:
+            lock.release()
+        raise
+    return held
+
+
 async def run(config: Config) -> int:
-    """`relay serve`: serve until SIGINT/SIGTERM or until the store fails; returns the process exit code."""
+    """`relay serve`: serve until SIGINT/SIGTERM or until the store fails; returns the process exit code.
+
+    Exits 2, printing one line naming the holder's pid, when another relay serves the database or holds the port.
+    """
+    try:
+        locks = _hold_locks(config)
+    except LockHeld as exc:
+        print(f"relay: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # e.g. a read-only directory
+        print(f"relay: cannot lock the database or port: {exc}", file=sys.stderr)
+        return 1
+    try:
+        return await _serve(config)
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+async def _serve(config: Config) -> int:
     # Handlers first: a signal during start-up (peers being set up after /health answers) must
     # still end in a clean stop, not kill the process.
     loop = asyncio.get_running_loop()
@@ -245,8 +289,7 @@ async def run(config: Config) -> int:
         log.error("database_unusable", path=exc.path, error=exc.reason)
         return 2
     except OSError as exc:
-        hint = {"hint": "another process listens there: choose another port with --port or RELAY_SERVER__PORT "
-                        "(0: any free port)"} if exc.errno == errno.EADDRINUSE else {}
+        hint = {"hint": f"another process listens there: {PORT_ADVICE}"} if exc.errno == errno.EADDRINUSE else {}
         log.error("listen_failed", host=config.server.host, port=config.server.port, error=str(exc), **hint)
         return 1
     except NodeKeyError as exc:  # peers configured, but no key to answer their AUTH with: as a bad config

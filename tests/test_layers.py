@@ -23,7 +23,7 @@ LAYERS: list[set[str]] = [
     {"keys"},
     {"ingest"},
     {"server", "sync"},
-    {"node", "metrics", "retention", "hooks", "status", "status_page"},
+    {"node", "metrics", "retention", "hooks", "status", "status_page", "locks"},
     {"commands", "cli", "__main__"},
 ]
 APART = [{"server", "sync"}]  # same layer, yet neither may import the other

@@ -30,7 +30,9 @@ from relay.status import has_refusal_log, projector_states, recent_refusals
 SHOWN_PER_KIND = 10  # keys listed per table and per kind of problem
 
 
-def _open_readonly(path: str) -> sqlite3.Connection | None:
+def open_readonly(path: str) -> sqlite3.Connection | None:
+    """A read-only autocommit connection to the database at `path` (a running relay is not disturbed); None, with
+    a line on stderr, when there is no such file."""
     file = Path(path)
     if not file.exists():
         print(f"relay: no database at {file}", file=sys.stderr)
@@ -51,7 +53,7 @@ def run_verify(config: Config) -> int:
     filter, then one for the search index, and returns 0 when everything agrees, 1 when anything does not,
     2 when there is no database.
     """
-    conn = _open_readonly(config.store.path)
+    conn = open_readonly(config.store.path)
     if conn is None:
         return 2
     with closing(conn):
@@ -110,7 +112,7 @@ def _print_index_checks(checks: list[IndexCheck]) -> bool:
 
 def run_projectors_list(config: Config) -> int:
     """`relay projectors list`: each configured or remembered projector, its kind, revision, state, rows, refusals."""
-    conn = _open_readonly(config.store.path)
+    conn = open_readonly(config.store.path)
     if conn is None:
         return 2
     with closing(conn):
@@ -151,7 +153,7 @@ def run_projectors_rebuild(config: Config, name: str) -> int:
 def run_projectors_refusals(config: Config, projector: str | None, limit: int, as_json: bool) -> int:
     """`relay projectors refusals`: the newest refusals first (time, projector, event id, reason); "none" when
     there are none (nothing with --json)."""
-    conn = _open_readonly(config.store.path)
+    conn = open_readonly(config.store.path)
     if conn is None:
         return 2
     with closing(conn):
@@ -186,7 +188,7 @@ def run_query(config: Config, table: str, where: str | None, output: str, limit:
     expression run on a read-only connection.
     Returns 2 for a table that is not projected or a bad expression.
     """
-    conn = _open_readonly(config.store.path)
+    conn = open_readonly(config.store.path)
     if conn is None:
         return 2
     with closing(conn):

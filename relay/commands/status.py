@@ -47,7 +47,8 @@ def render_status(status: dict, now: float | None = None, top_kinds: int = 15) -
         lines.append(f"  {p['url']} ({scope})")
         lines.append(f"    last success {_when(p.get('last_success'), now)}; "
                      f"last attempt {_when(p.get('last_attempt'), now)}")
-        lines.append(f"    events in {p.get('events_in', 0)}, out {p.get('events_out', 0)}")
+        lines.append(f"    events in {p.get('events_in', 0)}, out {p.get('events_out', 0)}"
+                     + (f", pushed up to change {p['push_cursor']}" if p.get("push_cursor") is not None else ""))
         if p.get("lasting_differences"):
             lines.append(f"    lasting differences {p['lasting_differences']}: ids found different by the last two "
                          "reconciliations (refused on one side; the log names them)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 
+from relay.store import feed
 from relay.store.batch import Row
 from relay.store.db import transaction
 from relay.store.moderation import ALLOWED_EVENT, PURGE_PUBKEY, Entry, bump, write_entry
@@ -50,7 +51,7 @@ def ban_event(conn: sqlite3.Connection, hooks: Sequence[TransactionHook], entry:
         write_entry(cur, entry, drop=(ALLOWED_EVENT,))
         rows = [Row(*r) for r in cur.execute(f"SELECT {_COLUMNS} FROM events WHERE id = ?",
                                              (bytes.fromhex(entry.item),))]
-        changes = remove_events(cur, rows, hooks)
+        changes = remove_events(cur, rows, hooks, feed.BANNED)
     return changes, bool(rows)
 
 
@@ -63,7 +64,7 @@ def purge_step(conn: sqlite3.Connection, hooks: Sequence[TransactionHook], pubke
     with transaction(conn) as cur:
         rows = [Row(*r) for r in cur.execute(f"SELECT {_COLUMNS} FROM events WHERE pubkey = ? LIMIT ?",
                                              (bytes.fromhex(pubkey), batch))]
-        changes = remove_events(cur, rows, hooks)
+        changes = remove_events(cur, rows, hooks, feed.BANNED)
         if len(rows) < batch:
             cur.execute("DELETE FROM moderation WHERE list = ? AND item = ?", (PURGE_PUBKEY, pubkey))
             bump(cur)

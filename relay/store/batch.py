@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from relay.protocol.event import Event, is_addressable, is_decimal, is_hex64, is_replaceable
 from relay.protocol.vanish import VANISH_KIND, covered, names_relay
+from relay.store import feed
 
 STORED = (True, "")
 DUPLICATE = (True, "duplicate: already have this event")
@@ -117,6 +118,7 @@ class BatchPlan:
     inserts: dict[bytes, Row] = field(default_factory=dict)  # by id, in arrival order
     accepted: list[Event] = field(default_factory=list)
     removed: list[Row] = field(default_factory=list)  # stored or batch rows that leave
+    reasons: dict[int, str] = field(default_factory=dict)  # removed row's seq -> why (`feed.SUPERSEDED`, ...)
     deleted_ids: list[tuple[bytes, bytes]] = field(default_factory=list)  # (id, pubkey) to delete if stored
     new_tombstones: list[tuple[bytes, bytes, bytes]] = field(default_factory=list)
     # coordinate -> (expiration, evidence): the new mark's NIP-40 expiry, and its JSON when it arrived deleted
@@ -180,14 +182,15 @@ class BatchPlan:
                 return DELETED if tombstoned else DUPLICATE
             if not _is_newer(created_at, idb, mark):
                 return NEWER_VERSION
-        self._remove(self.state.live.pop(coordinate, None))
+        self._remove(self.state.live.pop(coordinate, None), feed.SUPERSEDED)
         self.state.marks[coordinate] = (created_at, idb)
         self.dirty_marks[coordinate] = (event.expiration, event.raw.decode() if tombstoned else None)
         return DELETED if tombstoned else None
 
-    def _remove(self, row: Row | None) -> None:
+    def _remove(self, row: Row | None, reason: str) -> None:
         if row is None:
             return
+        self.reasons[row.seq] = reason
         if row.event is not None:
             del self.inserts[row.id]
         else:
@@ -210,7 +213,7 @@ class BatchPlan:
             self.dirty_until.add(coordinate)
             row = self.state.live.get(coordinate)
             if row is not None and row.created_at <= until:
-                self._remove(self.state.live.pop(coordinate))
+                self._remove(self.state.live.pop(coordinate), feed.DELETED)
 
     def _delete_id(self, tid: bytes, pk: bytes, live_by_id: dict[bytes, Coordinate]) -> None:
         row = self.inserts.get(tid)
@@ -223,13 +226,13 @@ class BatchPlan:
             return
         if row.d_tag is not None:
             self.deleted_versions.append(row)
-        self._drop_insert(row)
+        self._drop_insert(row, feed.DELETED)
 
-    def _drop_insert(self, row: Row) -> None:
+    def _drop_insert(self, row: Row, reason: str) -> None:
         """Remove a row this batch inserts or one read at batch start, and its coordinate's live entry."""
         if row.d_tag is not None and self.state.live.get((row.kind, row.pubkey, row.d_tag)) is row:
             del self.state.live[(row.kind, row.pubkey, row.d_tag)]
-        self._remove(row)
+        self._remove(row, reason)
 
     def _vanish(self, request: Event, idb: bytes, pk: bytes) -> None:
         """NIP-62: the author's events up to the request's created_at, and gift wraps p-tagging the author,
@@ -240,4 +243,4 @@ class BatchPlan:
         self.vanish_requests.append((pk, until, idb))
         for row in list(self.inserts.values()):
             if covered(row.event, self.state.vanished):
-                self._drop_insert(row)
+                self._drop_insert(row, feed.VANISHED)

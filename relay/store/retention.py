@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from relay.protocol.filters import Filter
+from relay.store import feed
 from relay.store.batch import Row
 from relay.store.projectors.rows import stored_event
 from relay.store.db import transaction
@@ -115,7 +116,7 @@ def evict_step(conn: sqlite3.Connection, hooks: Sequence[TransactionHook], scan:
                 evicted.append(row)
         cur.executemany("INSERT OR REPLACE INTO evictions (id, created_at, evicted_at) VALUES (?, ?, ?)",
                         [(r.id, r.created_at, now) for r in evicted])
-        changes = remove_events(cur, evicted, hooks)
+        changes = remove_events(cur, evicted, hooks, feed.RETENTION)
     cursor = (rows[read - 1].created_at, rows[read - 1].id) if read else scan.cursor
     return changes, Step(read, len(evicted), cursor, done=len(rows) < batch and read == len(rows))
 

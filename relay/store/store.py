@@ -27,7 +27,7 @@ import structlog
 from relay.protocol.auth import PrivateKinds
 from relay.protocol.event import Event
 from relay.protocol.filters import Filter
-from relay.store import db
+from relay.store import db, feed
 from relay.store.bounds import run_with_deadline
 from relay.store.checkpoint import CHECKPOINT_MODES, checkpoint
 from relay.store.location import DatabaseUnusable, check_location
@@ -64,6 +64,9 @@ class StoreOptions:
         "doc": "the mode run after a PASSIVE round that copied the whole WAL back", "choices": CHECKPOINT_MODES})
     checkpoint_truncate_wal_bytes: int = field(default=67_108_864, metadata={
         "doc": "size of the WAL file past which a TRUNCATE is attempted; 0: never", "unit": "bytes"})
+    change_log_max_entries: int = field(default=1_000_000, metadata={
+        "doc": "removals kept in the change feed's log (oldest dropped first); an older cursor is refused",
+        "unit": "entries", "min": 1})
     relay_urls: frozenset[tuple] = frozenset()  # this relay's URL keys (relay_url_key), for NIP-62 requests to vanish
 
 
@@ -124,6 +127,7 @@ class Store:
                 autocheckpoint_pages=db.FALLBACK_AUTOCHECKPOINT_PAGES if options.checkpoint_interval_seconds > 0
                 else 1000)
             await db.run(store._writer_conn, db.migrate)
+            await db.run(store._writer_conn, feed.set_max_entries, options.change_log_max_entries)
         except (OSError, sqlite3.Error) as exc:  # e.g. not a database, or a read-only file system
             raise DatabaseUnusable(store.path, str(exc)) from exc
         for hook in store.hooks:
@@ -296,6 +300,14 @@ class Store:
                 return fn(conn, *fn_args)
 
         return await self._read(in_transaction, *args)
+
+    async def changes(self, since: int, limit: int) -> list[feed.Change]:
+        """The first `limit` changes of the change feed after cursor `since` (relay/store/feed.py), in one snapshot.
+
+        Raises:
+            feed.StaleCursor: `since` is older than the removal log keeps.
+        """
+        return await self.read_snapshot(feed.read, since, limit)
 
     async def query(self, filters: list[Filter], default_limit: int, max_limit: int,
                     private: PrivateKinds | None = None, max_rows: int | None = None,

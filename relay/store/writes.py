@@ -27,7 +27,7 @@ from typing import Protocol
 import orjson
 
 from relay.protocol.event import Event
-from relay.store import evidence, moderation, vanish
+from relay.store import evidence, feed, moderation, vanish
 from relay.store.db import transaction
 from relay.store.batch import (
     DELETION_KIND,
@@ -51,7 +51,7 @@ class Write:
 
 @dataclass(slots=True)
 class Changes:
-    """What one transaction did: events inserted (in order) and rows removed.
+    """What one transaction did: events inserted (in order) and rows removed, with why.
 
     An event inserted and then superseded or deleted in the same batch is in
     both lists: it was accepted, and it is gone.
@@ -62,6 +62,8 @@ class Changes:
     # event id (hex) -> peer URL for the batch's writes that came by peer sync (look up ids of `inserted`);
     # relay/sync/ never pushes an event back to the peer it came from
     origins: dict[str, str] = field(default_factory=dict)
+    # removed row's seq (its insertion's position in the change feed) -> reason (relay/store/feed.py)
+    reasons: dict[int, str] = field(default_factory=dict)
 
     def net(self) -> tuple[list[Event], list[Removed]]:
         """(events inserted and still stored, rows removed that were stored before this transaction)."""
@@ -122,7 +124,7 @@ def _by_coordinate(cur: sqlite3.Cursor, select: str, table: str, coordinates: li
 def _read_state(cur: sqlite3.Cursor, writes: list[Write]) -> BatchState:
     """Everything `writes` can touch, in a few set queries."""
     events = [w.event for w in writes]
-    state = BatchState(next_seq=cur.execute("SELECT coalesce(max(seq), 0) + 1 FROM events").fetchone()[0])
+    state = BatchState(next_seq=feed.next_position(cur))
     ids = [bytes.fromhex(e.id) for e in events]
     state.existing = {r[0] for r in ids_in(cur, "SELECT id FROM events WHERE id IN ({})", ids)}
     state.tombstones = set(ids_in(cur, "SELECT id, pubkey FROM tombstones WHERE id IN ({})", ids))
@@ -161,9 +163,10 @@ def _delete_stored(cur: sqlite3.Cursor, rows: list[Row]) -> None:
 
 
 def _delete_by_id(cur: sqlite3.Cursor, targets: list[tuple[bytes, bytes]]) -> list[Row]:
-    # Few per batch: NIP-09 targets stored before it, checked for author and kind by SQL.
+    # Few per batch: NIP-09 targets stored before it, checked for author and kind by SQL; each once, though
+    # several deletions of the batch name it (else it would be handed to the hooks and the feed twice).
     rows = []
-    for tid, pk in targets:
+    for tid, pk in dict.fromkeys(targets):
         rows += [Row(*r) for r in cur.execute(
             "SELECT seq, id, pubkey, created_at, kind, d_tag, raw FROM events WHERE id = ? AND pubkey = ?"
             f" AND kind NOT IN ({','.join('?' * len(UNDELETABLE_KINDS))})", (tid, pk, *UNDELETABLE_KINDS))]
@@ -177,10 +180,12 @@ def _write_plan(cur: sqlite3.Cursor, plan: BatchPlan) -> list[Row]:
     _delete_stored(cur, stored_removed)
     by_id = _delete_by_id(cur, plan.deleted_ids)
     stored_removed += by_id
+    plan.reasons.update(dict.fromkeys((r.seq for r in by_id), feed.DELETED))
     for pubkey, until, _ in plan.vanish_requests:  # NIP-62, after the removals above: each row is removed once
         covered = vanish.select_covered(cur, pubkey, until)
         _delete_stored(cur, covered)
         stored_removed += covered
+        plan.reasons.update(dict.fromkeys((r.seq for r in covered), feed.VANISHED))
     vanish.record(cur, plan.vanish_requests)
     rows = list(plan.inserts.values())
     if rows:
@@ -237,7 +242,9 @@ def apply_batch(conn: sqlite3.Connection, writes: list[Write], hooks: Sequence[T
         stored_removed = _write_plan(cur, plan)
         in_batch = [r for r in plan.removed if r.event is not None]
         changes = Changes(plan.accepted, stored_removed + in_batch,
-                          {w.event.id: w.origin for w in writes if w.origin})  # peer sync: no echo to the origin
+                          {w.event.id: w.origin for w in writes if w.origin},  # peer sync: no echo to the origin
+                          plan.reasons)
+        feed.log_removals(cur, changes.removed, changes.reasons, plan.state.next_seq)
         _run_hooks(cur, hooks, changes)
     return plan.outcomes, changes
 
@@ -254,16 +261,21 @@ def purge_expired(conn: sqlite3.Connection, now: int, max_rows: int,
         cur.execute("DELETE FROM coordinates WHERE expiration <= ?", (now,))
         return remove_events(cur, [Row(*r) for r in cur.execute(
             "SELECT seq, id, pubkey, created_at, kind, d_tag, raw FROM events WHERE expiration <= ? LIMIT ?",
-            (now, max_rows))], hooks)
+            (now, max_rows))], hooks, feed.EXPIRED)
 
 
-def remove_events(cur: sqlite3.Cursor, rows: list[Row], hooks: Sequence[TransactionHook]) -> Changes:
-    """Delete stored `rows` (tag index entries too) and run `hooks` on that removal, in the caller's transaction.
+def remove_events(cur: sqlite3.Cursor, rows: list[Row], hooks: Sequence[TransactionHook], reason: str) -> Changes:
+    """Delete stored `rows` (tag index entries too), log each in the change feed with `reason`, and run `hooks`
+    on that removal, in the caller's transaction.
 
-    The one removal path of NIP-40 purges and retention, so projected tables
-    and the negentropy index follow them as they follow any write.
+    The one removal path outside a batch (NIP-40 purges, retention, bans:
+    `reason` is `feed.EXPIRED`, `feed.RETENTION`, `feed.BANNED`), so the
+    change feed, projected tables and the negentropy index follow them as
+    they follow any write.
     """
+    first = feed.next_position(cur)  # before the delete: the rows may hold the highest position
     _delete_stored(cur, rows)
-    changes = Changes([], rows)
+    changes = Changes([], rows, reasons=dict.fromkeys((r.seq for r in rows), reason))
+    feed.log_removals(cur, rows, changes.reasons, first)
     _run_hooks(cur, hooks, changes)
     return changes

@@ -9,13 +9,26 @@ on one database never sync one peer at once, then connects and:
 1. opens a live `REQ` (the peer's filter with `limit: 0`: new events only,
    whatever their created_at) before reconciling, so nothing the peer
    accepts from then on is missed;
-2. reconciles (session.py: NIP-77, fetch, push);
-3. streams until the next reconciliation is due (`interval_seconds`): events
+2. (up) pushes what was committed here since the peer's push cursor (below);
+3. reconciles (session.py: NIP-77, fetch, push), except at the start of a
+   session of an `up` peer whose push cursor is valid: step 2 did its part;
+4. streams until the next reconciliation is due (`interval_seconds`): events
    from the live REQ are validated and stored with origin = the peer's URL;
-   events newly committed here (`Store.add_listener`) are pushed to the peer,
-   except those whose origin is that peer, so nothing is echoed back.
+   events newly committed here are pushed to the peer from the change feed
+   (relay/store/feed.py), except those whose origin is that peer, so nothing
+   is echoed back.
 
-A live queue that overflows (`live_queue`) is dropped and the next
+The push cursor (`sync_peers.push_cursor`) is the feed position up to which
+every event was pushed and answered; it is stored after each batch is
+answered, so events committed while the peer was unreachable, or while we
+were stopped, are pushed as soon as it is reached again, and a crash resends
+at most the batch in flight.  A peer never pushed to, or one whose cursor is
+older than the feed keeps (`feed.StaleCursor`, logged), starts from the
+feed's head with a reconciliation, which finds what came before.  The feed
+is read when a commit here wakes the push, and every `PUSH_POLL_SECONDS`
+for commits made by another process on this database.
+
+An incoming live queue that overflows (`live_queue`) is dropped and the next
 reconciliation is started at once; it finds whatever was dropped.  Any
 failure (connection lost, NOTICE, timeout, refused AUTH) is recorded in
 `sync_peers.last_error`, the lease is released, and the task reconnects
@@ -31,7 +44,6 @@ import json
 import random
 import sqlite3
 import time
-from collections import deque
 
 import structlog
 
@@ -40,18 +52,20 @@ from relay.ingest import Ingest
 from relay.protocol.event import Event, event_ref
 from relay.protocol.filters import Filter, parse_filter
 from relay.protocol.rejection import invalid
+from relay.store import feed
+from relay.store.projectors.rows import stored_event
 from relay.store.store import Store
 from relay.store.writes import Changes
 from relay.sync.differences import LOGGED_IDS, LastingDifferences
 from relay.keys import NodeKey, NodeKeyError, key_path, load_or_create
 from relay.sync.peer import PeerConnection, PeerError
-from relay.sync.session import (ERROR, REFUSED, STORED, Intake, SyncOptions, SyncReport, classify, push_chunk,
-                                sync_with_peer)
+from relay.sync.session import ERROR, REFUSED, STORED, Intake, SyncOptions, SyncReport, classify, sync_with_peer
 from relay.sync.state import LeaseBusy, LeaseLost, PeerStates, new_owner
 
 log = structlog.get_logger(__name__)
 
 FLUSH_SECONDS = 2.0  # how often live counts reach sync_peers (when they changed)
+PUSH_POLL_SECONDS = 1.0  # the live push reads the change feed at least this often (commits of other processes)
 
 
 def sync_options(config: Config, direction: str, frame_size_limit: int | None = None) -> SyncOptions:
@@ -103,10 +117,9 @@ class Scheduler:
         log.info("sync_started", peers=[p.url for p in self.peers], node_pubkey=self.key.pubkey, owner=self.owner)
 
     def _on_commit(self, changes: Changes) -> None:
-        for event in changes.inserted:
-            origin = changes.origins.get(event.id, "")
+        if changes.inserted:
             for peer in self.peers:
-                peer.offer(event, origin)
+                peer.committed.set()
 
     def stats(self) -> dict[str, int]:
         """Failed attempts since start, by peer URL (in `[[sync.peers]]` order)."""
@@ -138,9 +151,7 @@ class PeerSync:
         self.events_in = 0  # not yet written to sync_peers
         self.events_out = 0
         self.errors = 0  # failed attempts since start (metrics)
-        self._conn: PeerConnection | None = None
-        self._outgoing: deque[Event] = deque()
-        self._outgoing_ready = asyncio.Event()
+        self.committed = asyncio.Event()  # set on each commit here: the live push reads the change feed
         self._incoming: list[object] = []
         self._incoming_ready = asyncio.Event()
         self._reconcile_now = asyncio.Event()
@@ -149,29 +160,15 @@ class PeerSync:
 
     # --- feeding the live streams (called from the event loop, never blocking) ----------------------
 
-    def offer(self, event: Event, origin: str) -> None:
-        """A newly stored event: queue it for the peer unless it came from the peer or is out of scope."""
-        if not self.up or self._conn is None or origin == self.url or not self.filter.matches(event):
-            return
-        if len(self._outgoing) >= self.config.live_queue:
-            self._overflow("outgoing")
-            return
-        self._outgoing.append(event)
-        self._outgoing_ready.set()
-
     def _on_live_event(self, obj: object) -> None:
         if len(self._incoming) >= self.config.live_queue:
-            self._overflow("incoming")
+            if not self._reconcile_now.is_set():
+                log.warning("sync_live_queue_overflow", peer=self.url, queue="incoming", size=self.config.live_queue)
+            self._incoming.clear()
+            self._reconcile_now.set()
             return
         self._incoming.append(obj)
         self._incoming_ready.set()
-
-    def _overflow(self, which: str) -> None:
-        if not self._reconcile_now.is_set():
-            log.warning("sync_live_queue_overflow", peer=self.url, queue=which, size=self.config.live_queue)
-        self._outgoing.clear()
-        self._incoming.clear()
-        self._reconcile_now.set()
 
     # --- the task ------------------------------------------------------------------------------------
 
@@ -196,8 +193,6 @@ class PeerSync:
             except Exception as exc:  # the one broad catch of this task: a bug is logged and retried
                 log.error("sync_peer_crashed", peer=self.url, error=repr(exc), exc_info=exc)
                 await self._record_error(f"internal error: {exc!r}")
-            finally:
-                self._conn = None
             if self._synced:
                 backoff = self.config.backoff_initial_seconds
             await asyncio.sleep(backoff * (0.75 + random.random() / 2))
@@ -223,35 +218,22 @@ class PeerSync:
                                          max_frame_bytes(s.config, self.options.frame_size_limit))
         helpers: list[asyncio.Task] = []
         try:
-            self._outgoing.clear()
             self._incoming.clear()
-            self._conn = conn
             if self.down:
                 await conn.subscribe({**self.filter_obj, "limit": 0}, self._on_live_event)
                 helpers.append(asyncio.create_task(self._store_live(), name=f"sync-in {self.url}"))
+            reconcile = True
             if self.up:
-                helpers.append(asyncio.create_task(self._push_live(conn), name=f"sync-out {self.url}"))
+                cursor, reconcile = await self._catch_up(conn)
+                reconcile = reconcile or self.down
+                helpers.append(asyncio.create_task(self._push_live(conn, cursor), name=f"sync-out {self.url}"))
             while True:
                 self._reconcile_now.clear()
-                report = SyncReport()
-                try:
-                    await sync_with_peer(conn, s.store, self.filter_obj, self.options, self.intake, report)
-                except BaseException:  # failed, cancelled or lease lost: what it did, and for how long, is known
-                    log.info("sync_reconcile_interrupted", peer=self.url, **report.as_dict())
-                    raise
-                finally:  # the events an interrupted reconciliation moved are counted too
-                    self.events_in += report.fetched
-                    self.events_out += report.pushed
-                await self._flush_counts()
-                await s.states.record_run(self.url, sum(report.refused.values()), report.error_text())
-                if report.errors:  # a failed attempt for metrics too; the stream goes on
-                    self.errors += 1
-                self._synced = True
-                log.info("sync_reconciled", peer=self.url, **report.as_dict())
-                await self._note_lasting(report)
+                if reconcile:
+                    await self._reconcile(conn)
+                reconcile = True
                 await self._stream(conn, helpers)
         finally:
-            self._conn = None
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
@@ -260,6 +242,25 @@ class PeerSync:
                 await self._flush_counts()
             except sqlite3.Error as exc:
                 log.warning("sync_state_write_failed", peer=self.url, error=repr(exc))
+
+    async def _reconcile(self, conn: PeerConnection) -> None:
+        """One reconciliation (session.py), counted and logged; sets `_synced` when it succeeds."""
+        report = SyncReport()
+        try:
+            await sync_with_peer(conn, self.scheduler.store, self.filter_obj, self.options, self.intake, report)
+        except BaseException:  # failed, cancelled or lease lost: what it did, and for how long, is known
+            log.info("sync_reconcile_interrupted", peer=self.url, **report.as_dict())
+            raise
+        finally:  # the events an interrupted reconciliation moved are counted too
+            self.events_in += report.fetched
+            self.events_out += report.pushed
+        await self._flush_counts()
+        await self.scheduler.states.record_run(self.url, sum(report.refused.values()), report.error_text())
+        if report.errors:  # a failed attempt for metrics too; the stream goes on
+            self.errors += 1
+        self._synced = True
+        log.info("sync_reconciled", peer=self.url, **report.as_dict())
+        await self._note_lasting(report)
 
     async def _note_lasting(self, report: SyncReport) -> None:
         """Count the ids this run found different as the run before did, and log the new ones once."""
@@ -309,46 +310,74 @@ class PeerSync:
                         log.warning("sync_live_event_refused", peer=self.url, message=message,
                                     event_id=event_ref(obj))
 
-    async def _push_live(self, conn: PeerConnection) -> None:
-        """Send newly stored events to the peer in writes of up to `push_chunk`, at most `push_in_flight` awaiting OK."""
-        chunk = push_chunk(self.config.push_in_flight)
-        slots = asyncio.Semaphore(max(1, self.config.push_in_flight // chunk))
-        failures: list[BaseException] = []
-        tasks: set[asyncio.Task] = set()
+    async def _catch_up(self, conn: PeerConnection) -> tuple[int, bool]:
+        """Push what was committed here since the stored push cursor, at the start of a session:
+        (the cursor reached, whether a reconciliation must do it instead).
 
-        def on_answer(event_id: str, accepted: bool, message: str) -> None:
-            outcome, message = classify(accepted, message)
-            if outcome == STORED:
-                self.events_out += 1
-            elif outcome in (ERROR, REFUSED):
-                log.warning("sync_live_push_refused", peer=self.url, event_id=event_id, message=message)
-
-        async def push(events: list[Event]) -> None:
-            try:
-                await conn.publish_many([(e.id, e.raw) for e in events], on_answer)
-            except PeerError as exc:
-                failures.append(exc)
-            finally:
-                slots.release()
-
+        The reconciliation is needed for a peer never pushed to, and for one whose cursor is older than the
+        change feed keeps (logged); the cursor then starts at the feed's head.
+        """
+        cursor = await self.scheduler.states.push_cursor(self.url)
+        if cursor is None:
+            return await self._from_head(), True
         try:
-            while True:
-                await self._outgoing_ready.wait()
-                self._outgoing_ready.clear()
-                while self._outgoing:
-                    await slots.acquire()
-                    if failures:
-                        raise failures[0]
-                    events = [self._outgoing.popleft() for _ in range(min(chunk, len(self._outgoing)))]
-                    if not events:  # cleared by an overflow meanwhile
-                        slots.release()
-                        break
-                    task = asyncio.create_task(push(events))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-        finally:
-            for task in tasks:
-                task.cancel()
+            cursor = await self._push_pending(conn, cursor)
+        except feed.StaleCursor as stale:
+            return await self._from_head(stale), True
+        self._synced = True
+        return cursor, False
+
+    async def _from_head(self, stale: feed.StaleCursor | None = None) -> int:
+        """The change feed's head, stored as the push cursor (a reconciliation is to find what came before);
+        logs the `stale` cursor given up, if any."""
+        if stale is not None:
+            log.warning("sync_push_cursor_stale", peer=self.url, cursor=stale.cursor, oldest=stale.oldest,
+                        fallback="reconciliation")
+        head = await self.scheduler.store.read_snapshot(feed.head)
+        await self.scheduler.states.set_push_cursor(self.url, head)
+        return head
+
+    def _on_push_answer(self, event_id: str, accepted: bool, message: str) -> None:
+        outcome, message = classify(accepted, message)
+        if outcome == STORED:
+            self.events_out += 1
+        elif outcome in (ERROR, REFUSED):
+            log.warning("sync_live_push_refused", peer=self.url, event_id=event_id, message=message)
+
+    async def _push_pending(self, conn: PeerConnection, cursor: int) -> int:
+        """Push every event committed after `cursor` in the peer's scope (not from it), in batches of up to
+        `push_in_flight`, storing the cursor after each batch is answered; returns the cursor reached.
+
+        Raises:
+            feed.StaleCursor: the feed no longer keeps what follows `cursor` (pushing fell that far behind).
+            PeerError: the peer failed to answer.
+        """
+        while changes := await self.scheduler.store.changes(cursor, self.config.push_in_flight):
+            events = [(c.id, c.raw) for c in changes if c.raw is not None and c.origin != self.url
+                      and (not self.filter_obj or self.filter.matches(stored_event(c.raw)))]
+            if events:
+                await conn.publish_many(events, self._on_push_answer)
+            cursor = changes[-1].cursor
+            await self.scheduler.states.set_push_cursor(self.url, cursor)
+        return cursor
+
+    async def _push_live(self, conn: PeerConnection, cursor: int) -> None:
+        """Push from `cursor` on as commits come (woken by `committed`, else every `PUSH_POLL_SECONDS`).
+
+        A cursor that falls behind what the feed keeps moves to its head, and a reconciliation starts at once.
+        """
+        while True:
+            self.committed.clear()
+            try:
+                cursor = await self._push_pending(conn, cursor)
+            except feed.StaleCursor as stale:
+                cursor = await self._from_head(stale)
+                self._reconcile_now.set()
+                continue
+            try:
+                await asyncio.wait_for(self.committed.wait(), PUSH_POLL_SECONDS)
+            except TimeoutError:
+                pass
 
 
 async def start_sync(config: Config, store: Store, ingest: Ingest) -> Scheduler | None:

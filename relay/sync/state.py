@@ -1,4 +1,4 @@
-"""Per-peer sync state in the database (table `sync_peers`, migration 0004): counts, errors, leases.
+"""Per-peer sync state in the database (table `sync_peers`, migration 0004): counts, errors, leases, push cursor.
 
 How the lease works: a process may sync a peer only while it holds that
 peer's lease, a row field `lease_owner` with an expiry `lease_expires`.
@@ -32,7 +32,7 @@ from relay.store import db
 log = structlog.get_logger(__name__)
 
 _COLUMNS = ("url", "last_attempt", "last_success", "events_in", "events_out", "last_error", "last_error_at",
-            "lease_owner", "lease_expires", "lasting_differences", "refused")
+            "lease_owner", "lease_expires", "lasting_differences", "refused", "push_cursor")
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,7 @@ class PeerState:
     lease_expires: float | None
     lasting_differences: int = 0  # ids found different in the last two reconciliations (differences.py)
     refused: int = 0  # events the peer refused for good in the last complete reconciliation (session.py)
+    push_cursor: int | None = None  # change feed position the live push has delivered up to; None: never
 
     def as_dict(self) -> dict:
         """The row as a JSON-ready dict."""
@@ -167,6 +168,18 @@ def set_lasting_differences(conn: sqlite3.Connection, url: str, count: int) -> N
     conn.execute("UPDATE sync_peers SET lasting_differences = ? WHERE url = ?", (count, url))
 
 
+def push_cursor(conn: sqlite3.Connection, url: str) -> int | None:
+    """The change feed position up to which every event was pushed to `url` and answered; None: never."""
+    row = conn.execute("SELECT push_cursor FROM sync_peers WHERE url = ?", (url,)).fetchone()
+    return row[0] if row else None
+
+
+def set_push_cursor(conn: sqlite3.Connection, url: str, cursor: int) -> None:
+    """Record that every event up to change feed position `cursor` was pushed to `url` and answered."""
+    _ensure(conn, url)
+    conn.execute("UPDATE sync_peers SET push_cursor = ? WHERE url = ?", (cursor, url))
+
+
 def read_states(conn: sqlite3.Connection) -> list[PeerState]:
     """Every peer's state, by URL; [] when the database predates the sync migration."""
     try:
@@ -222,6 +235,14 @@ class PeerStates:
     async def set_lasting_differences(self, url: str, count: int) -> None:
         """`set_lasting_differences`."""
         await db.run(self._conn, set_lasting_differences, url, count)
+
+    async def push_cursor(self, url: str) -> int | None:
+        """`push_cursor`."""
+        return await db.run(self._conn, push_cursor, url)
+
+    async def set_push_cursor(self, url: str, cursor: int) -> None:
+        """`set_push_cursor`."""
+        await db.run(self._conn, set_push_cursor, url, cursor)
 
     async def read(self) -> list[PeerState]:
         """`read_states`."""

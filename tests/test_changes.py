@@ -1,0 +1,86 @@
+"""`relay changes`: the change feed as JSON lines, beside a serving relay; a stale cursor exits 3."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from dataclasses import replace
+
+from relay.store.store import Store
+from tests.conftest import make_config
+from tests.helpers import Client, eventually
+from tests.inprocess import Relay
+from tests.served import clean_env, relay_cli
+from tests.store.test_properties import OPTIONS, parsed
+
+
+def _ops(lines: list[dict]) -> list[tuple[str, str, str | None]]:
+    return [(c["op"], c["id"], c.get("reason")) for c in lines]
+
+
+async def test_a_follower_sees_each_change_once_in_commit_order(tmp_path, alice):
+    """`relay changes --since 0 --follow`, started while a relay serves: events written, superseded, deleted and
+    expired through the relay each reach it once, in commit order, as a later read of the whole feed says."""
+    relay = Relay(make_config(tmp_path, store={"expiry_purge_interval_seconds": 0.2}))
+    await relay.start()
+    follower = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "relay", "changes", "--since", "0", "--follow", "--db", relay.config.store.path,
+        stdout=asyncio.subprocess.PIPE, env=clean_env())
+    lines: list[dict] = []
+
+    async def read_lines() -> None:
+        while line := await follower.stdout.readline():
+            lines.append(json.loads(line))
+
+    reader = asyncio.create_task(read_lines())
+    now = int(time.time())
+    note, v1, v2 = alice.sign(1, "note", [], now - 3), alice.sign(0, "v1", [], now - 2), alice.sign(0, "v2", [], now - 1)
+    deletion = alice.sign(5, "", [["e", note["id"]]], now)
+    expiring = alice.sign(1, "soon gone", [["expiration", str(now + 4)]], now)
+    client = await Client.connect(relay.url)
+    try:
+        for event in (note, v1, v2, deletion, expiring):
+            assert (await client.publish(event))[2] is True
+            # Read before the next write: an insertion read after its event was removed carries no event.
+            await eventually(lambda: ("insert", event["id"], None) in _ops(lines))
+        await eventually(lambda: ("remove", expiring["id"], "expired") in _ops(lines), timeout=15)
+    finally:
+        await client.close()
+        follower.terminate()
+        await follower.wait()
+        reader.cancel()
+        await relay.stop()
+    assert _ops(lines) == [
+        ("insert", note["id"], None), ("insert", v1["id"], None), ("insert", v2["id"], None),
+        ("remove", v1["id"], "superseded"), ("insert", deletion["id"], None), ("remove", note["id"], "deleted"),
+        ("insert", expiring["id"], None), ("remove", expiring["id"], "expired")]
+    assert [c["event"] for c in lines if c["op"] == "insert"] == [note, v1, v2, deletion, expiring]
+    assert all(set(c) == {"cursor", "op", "id", "kind", "pubkey", "created_at", "reason"}
+               for c in lines if c["op"] == "remove")
+    whole = [json.loads(line) for line in relay_cli("changes", "--db", relay.config.store.path).stdout.splitlines()]
+    assert [c["cursor"] for c in whole] == [c["cursor"] for c in lines] == sorted({c["cursor"] for c in lines})
+    assert _ops(whole) == _ops(lines)
+
+
+async def test_a_cursor_older_than_the_log_keeps_exits_3(tmp_path, alice):
+    """With room for one removal, three versions drop the first removal: `--since` before it exits 3 naming the
+    oldest cursor kept, and `--since` that cursor prints the rest; `--kinds` selects."""
+    db = tmp_path / "relay.db"
+    store = await Store.open(db, replace(OPTIONS, change_log_max_entries=1))
+    now = int(time.time())
+    try:
+        for i in range(3):  # positions: v0 1, v1 2, v0 gone 3 (dropped), v2 4, v1 gone 5
+            await store.submit(parsed(alice.sign(0, f"v{i}", [], now - 10 + i)))
+        await store.submit(parsed(alice.sign(1, "note", [], now)))  # 6
+    finally:
+        await store.close()
+    stale = await asyncio.to_thread(relay_cli, "changes", "--since", "2", "--db", db)
+    assert (stale.returncode, stale.stdout, stale.stderr.strip()) == (3, "", "cursor 2 is older than the oldest kept, 3")
+    kept = await asyncio.to_thread(relay_cli, "changes", "--since", "3", "--db", db)
+    assert kept.returncode == 0
+    assert [(c["cursor"], c["op"]) for c in map(json.loads, kept.stdout.splitlines())] == [
+        (4, "insert"), (5, "remove"), (6, "insert")]
+    notes = await asyncio.to_thread(relay_cli, "changes", "--kinds", "1,7", "--db", db)
+    assert [c["cursor"] for c in map(json.loads, notes.stdout.splitlines())] == [6]
