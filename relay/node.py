@@ -43,7 +43,7 @@ from relay.retention import is_configured, retention_forever
 from relay.server.app import RelayServer
 from relay.server.wire.http import HttpRequest, HttpResponse
 from relay.status_page import StatusPage
-from relay.store.location import DatabaseUnusable
+from relay.store.location import DatabaseUnusable, check_location
 from relay.store.projectors.engine import ProjectorHook
 from relay.store.store import Store
 from relay.store.writes import Changes
@@ -260,7 +260,12 @@ async def run(config: Config) -> int:
     Exits 2, printing one line naming the holder's pid, when another relay serves the database or holds the port.
     """
     try:
+        check_location(Path(config.store.path))  # before the lock file beside it: one line, not an OSError
+        Path(config.store.path).parent.mkdir(parents=True, exist_ok=True)
         locks = _hold_locks(config)
+    except DatabaseUnusable as exc:  # a bad path or file mode: as a bad config, before listening
+        log.error("database_unusable", path=exc.path, error=exc.reason)
+        return 2
     except LockHeld as exc:
         print(f"relay: {exc}", file=sys.stderr)
         return 2
