@@ -26,7 +26,7 @@ from http import HTTPStatus
 
 import structlog
 
-from relay.config import Config
+from relay.config import Config, ConfigError
 from relay.hooks import hooks
 from relay.ingest import Ingest
 from relay.keys import NodeKeyError
@@ -81,12 +81,17 @@ class Node:
         Raises:
             OSError: the address cannot be bound (the store is closed again).
             NodeKeyError: the node key cannot be created or read while peers are configured.
+            ConfigError: a `[[policies]]` module cannot be loaded (the store is closed again).
         """
         config = self.config
         self.store = store = await open_store(config)
         store.add_listener(self._on_commit)
         store.on_batch = self.metrics.writer_batch
-        self.ingest = Ingest.from_config(config, store, self._ephemeral)
+        try:
+            self.ingest = Ingest.from_config(config, store, self._ephemeral)
+        except ConfigError:  # a [[policies]] module that cannot be loaded: release the store's threads
+            await store.close()
+            raise
         self.server = RelayServer(config, store, self.ingest, self.metrics, self._metrics_page)
         try:
             await self.server.listen()
@@ -104,6 +109,7 @@ class Node:
         log.info("relay_started", url=self.url, db=str(config.store.path))
         projectors = next((h for h in store.hooks if isinstance(h, ProjectorHook)), None)
         self.metrics.watch(store, self.server, projectors)
+        self.metrics.watch_policies(self.ingest.policies)
         self.sync = await start_sync(config, store, self.ingest)
         if self.sync is not None:
             self.metrics.watch_peers(self.sync)

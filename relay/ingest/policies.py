@@ -59,14 +59,15 @@ def load(config: PolicyConfig) -> Policy:
         plugin = Plugin(config.name, list(config.command))
         return Policy(config.name, plugin, config.sources, config.timeout_seconds, plugin)
     module_name, _, function_name = config.call.partition(":")
+    named = config.call if config.name == config.call else f"{config.name} ({config.call})"
     try:
         check = getattr(importlib.import_module(module_name), function_name)
         if config.options:
             check = check(**config.options)
     except Exception as exc:  # whatever the module's import or the factory raises stops the start, named
-        raise ConfigError(f"policies: {config.name}: cannot load {config.call}: {exc!r}") from None
+        raise ConfigError(f"policies: {named}: cannot load: {exc!r}") from None
     if not callable(check):
-        raise ConfigError(f"policies: {config.name}: {config.call} is not callable")
+        raise ConfigError(f"policies: {named}: not callable")
     return Policy(config.name, check, config.sources, config.timeout_seconds)
 
 
