@@ -98,7 +98,7 @@ class Node:
         except OSError:
             # e.g. the port is taken: release the store's threads, or the process cannot exit.
             await store.close()
-            self.ingest.close()
+            await self.ingest.aclose()
             raise
         self._background = [asyncio.create_task(self._purge_expired_forever(), name="expiry-purge")]
         if (trim := _libc("malloc_trim")) is not None and config.server.memory_trim_seconds > 0:
@@ -144,7 +144,7 @@ class Node:
         if self.store is not None:
             await self.store.close()
         if self.ingest is not None:
-            self.ingest.close()
+            await self.ingest.aclose()
         log.info("relay_stopped")
 
     async def _metrics_page(self, request: HttpRequest) -> HttpResponse:

@@ -75,7 +75,7 @@ async def sync_once(config: Config, url: str, filter_obj: dict, options: SyncOpt
                 raise
             await states.add_counts(url, report.fetched, report.pushed, success=True)
     finally:
-        ingest.close()
+        await ingest.aclose()
         await states.close()
         await store.close()
     return report

@@ -110,7 +110,7 @@ async def run_import(config: Config, path: Path) -> int:
                 task = bar.add_task("import", total=total)
                 report = await import_lines(ingest, source, lambda n: bar.advance(task, n))
     finally:
-        ingest.close()
+        await ingest.aclose()
         await store.close()
     print(f"read {report.total}: stored {report.stored}, duplicate {report.duplicate}, "
           f"older version (not stored) {report.older_version}, ephemeral (not stored) {report.ephemeral}, "

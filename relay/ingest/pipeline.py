@@ -140,9 +140,14 @@ class Ingest:
         return list(zip(outcomes, events))
 
     def close(self) -> None:
-        """Stop the signature-checking threads (after the checks they hold) and the policies' plugins."""
+        """Stop the signature-checking threads (after the checks they hold) and kill the policies' plugins."""
         self.verifier.close()
         self.policies.close()
+
+    async def aclose(self) -> None:
+        """`close()`, then wait until the policies' plugin processes have exited."""
+        self.close()
+        await self.policies.wait_closed()
 
     def _check(self, obj: object, source: Source, screen: Screen | None) -> Event:
         if type(obj) is bytes:

@@ -168,9 +168,13 @@ class Policies:
         return stats
 
     def close(self) -> None:
-        """Stop the plugin processes and the chains still waiting (their events are not answered)."""
+        """Kill the plugin processes; the events waiting for them are refused with "error:"."""
         for policy in self.policies:
             if policy.plugin is not None:
                 policy.plugin.close()
-        for task in self._tasks:
-            task.cancel()
+
+    async def wait_closed(self) -> None:
+        """After `close()`: wait until the plugin processes have exited."""
+        for policy in self.policies:
+            if policy.plugin is not None:
+                await policy.plugin.wait_closed()

@@ -67,7 +67,8 @@ def parse_answer(line: bytes) -> tuple[str | None, Verdict | None]:
 
 class Plugin:
     """One plugin process, `command` (argv list), started at the first event; `await plugin(event, source)`
-    answers its verdict.  `restarts` and `bad_lines` count what went wrong; `close()` kills it."""
+    answers its verdict.  `restarts` and `bad_lines` count what went wrong; `close()` kills it (then
+    `await wait_closed()`)."""
 
     def __init__(self, name: str, command: list[str]) -> None:
         self.name = name
@@ -76,13 +77,12 @@ class Plugin:
         self.bad_lines = 0
         self._process: asyncio.subprocess.Process | None = None
         self._starting: asyncio.Task | None = None
-        self._reader: asyncio.Task | None = None
+        self._readers: set[asyncio.Task] = set()  # one per process not yet reaped
         self._waiting: dict[str, deque[asyncio.Future]] = {}
         self._order: deque[tuple[str, asyncio.Future]] = deque()  # requests in the order sent
         self._paused_until = 0.0  # monotonic seconds: not started again before
         self._pause = FIRST_PAUSE_SECONDS
         self._started_at = 0.0
-        self._killed = False
         self._closed = False
 
     async def __call__(self, event: Event, source: object) -> Verdict:
@@ -101,16 +101,25 @@ class Plugin:
 
     def overran(self) -> None:
         """Its answer came too late: kill it (every waiting request is refused); it starts again at once."""
-        if self._process is not None and self._process.returncode is None:
-            log.warning("policy_plugin_killed", policy=self.name, reason="time budget")
-            self._killed = True
-            self._process.kill()
+        if self._process is not None:
+            self.restarts += 1
+            log.warning("policy_plugin_killed", policy=self.name, reason="time budget", restarts=self.restarts)
+            self._let_go()
 
     def close(self) -> None:
         """Kill the process; the events waiting for it are refused."""
         self._closed = True
+        self._let_go()
+
+    async def wait_closed(self) -> None:
+        """After `close()`: wait until the processes killed have exited and been reaped."""
+        await asyncio.gather(*self._readers, return_exceptions=True)
+
+    def _let_go(self) -> None:
+        """Kill the process and forget it (its reader only reaps it); refuse what waits for it."""
         if self._process is not None and self._process.returncode is None:
             self._process.kill()
+        self._process = None
         self._refuse_waiting()
 
     async def _start(self) -> asyncio.subprocess.Process | None:
@@ -130,17 +139,19 @@ class Plugin:
             self._pause_restart()
             return None
         log.info("policy_plugin_started", policy=self.name, pid=process.pid)
-        self._process, self._killed = process, False
-        self._reader = asyncio.ensure_future(self._read(process))
+        self._process = process
+        reader = asyncio.ensure_future(self._read(process))
+        self._readers.add(reader)
+        reader.add_done_callback(self._readers.discard)
         return process
 
     async def _read(self, process: asyncio.subprocess.Process) -> None:
         try:
             while line := await process.stdout.readline():
-                self._answer(line)
+                if self._process is process:  # not one let go: its late answers are for requests refused
+                    self._answer(line)
         except ValueError:  # a line past _MAX_LINE_BYTES
             self.bad_lines += 1
-            self._killed = True
             process.kill()
         await process.wait()
         self._exited(process)
@@ -170,17 +181,13 @@ class Plugin:
         return order[0][0] if order else None
 
     def _exited(self, process: asyncio.subprocess.Process) -> None:
-        if self._process is process:
-            self._process = None
-        self._refuse_waiting()
-        if self._closed:
+        if self._process is not process:  # let go already (`overran`, `close`)
             return
+        self._process = None
+        self._refuse_waiting()
         self.restarts += 1
         log.error("policy_plugin_exited", policy=self.name, code=process.returncode, restarts=self.restarts)
-        if self._killed:
-            self._paused_until = 0.0  # killed by us: started again at the next event
-        else:
-            self._pause_restart()
+        self._pause_restart()
 
     def _pause_restart(self) -> None:
         if time.monotonic() - self._started_at >= _STEADY_SECONDS:
