@@ -1,13 +1,16 @@
-"""Write policies for the tests (named by `call = "tests.policies.sample:..."`) and a config with them."""
+"""Write policies for the tests (named by `call = "tests.policies.sample:..."`), a config and a relay with them."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from relay.config import Config, load_config
 from relay.policies import ACCEPT, SHADOW_REJECT, reject
+from tests.inprocess import Relay
 
 SEEN: list[tuple] = []
 """(source name, ip, pubkeys, origin) of each event `remember_source` saw."""
@@ -67,3 +70,14 @@ exempt = ["127.0.0.0/8", "::1"]
 {policies}
 """)
     return load_config(path)
+
+
+@asynccontextmanager
+async def serving(tmp_path: Path, policies: str, extra: str = "") -> AsyncIterator[Relay]:
+    """A started relay of `policies_config(tmp_path, policies, extra)`, stopped on leaving."""
+    relay = Relay(policies_config(tmp_path, policies, extra))
+    await relay.start()
+    try:
+        yield relay
+    finally:
+        await relay.stop()

@@ -4,6 +4,8 @@ config/relay.toml."""
 from __future__ import annotations
 
 import re
+import sys
+import time
 
 import pytest
 
@@ -65,3 +67,24 @@ def test_the_commented_examples_in_relay_toml_load(tmp_path):
         "relay.policies.builtin:pubkey_list", "relay.policies.builtin:max_size", "relay.policies.builtin:min_pow",
         "relay.policies.builtin:author_rate", "/usr/local/bin/whitelist.js"]
     Policies.load(config.policies).close()
+
+
+async def test_the_readme_example_policy_works_as_written(tmp_path, monkeypatch, alice):
+    """README "Policies": the module and its [[policies]] table, copied as they are, load and judge."""
+    from relay.ingest import Source
+    from relay.protocol.event import EventLimits, parse_event
+
+    readme = (RELAY_TOML.parents[1] / "README.md").read_text()
+    module = readme.split("```python\n# myrelay_policies.py", 1)[1].split("```", 1)[0].partition("\n")[2]
+    table = readme.split("```toml\n[[policies]]\ncall = \"myrelay_policies:no_spam\"", 1)[1].split("```", 1)[0]
+    (tmp_path / "myrelay_policies.py").write_text(module)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = load(tmp_path, '[[policies]]\ncall = "myrelay_policies:no_spam"' + table)
+    policies = Policies.load(config.policies)
+    verdicts = []
+    for content in ("hello", "Buy followers now", "x" * 3000):
+        event = parse_event(alice.sign(content=content), EventLimits(), time.time())
+        policies.judge(event, Source.client(), policies.chain(Source.client()), verdicts.append)
+    assert [v.action for v in verdicts] == ["accept", "shadowReject", "reject"]
+    assert verdicts[2].message == "blocked: long notes need NIP-42 AUTH"
+    sys.modules.pop("myrelay_policies")  # the next test that writes one imports it afresh

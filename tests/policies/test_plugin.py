@@ -3,7 +3,6 @@ docs/plugins.md (JSON lines in: type, event, receivedAt, sourceType, sourceInfo;
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import time
 
@@ -13,7 +12,7 @@ from relay.ingest import IMPORT, Source
 from relay.policies.plugin import NOT_RUNNING
 from tests.helpers import Client, Keys, eventually
 from tests.inprocess import Relay
-from tests.policies.sample import policies_config
+from tests.policies.sample import serving
 
 pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js")
 
@@ -47,16 +46,14 @@ async def plugin_relay(tmp_path):
     """A started relay whose one policy is the Node.js plugin (clients, peers and import; 0.5 s budget)."""
     script = tmp_path / "plugin.js"
     script.write_text(PLUGIN_JS)
-    relay = Relay(policies_config(tmp_path, f"""
+    async with serving(tmp_path, f"""
 [[policies]]
 name = "node-plugin"
 command = ["node", "{script}"]
 sources = ["client", "peer", "import"]
 timeout_seconds = 0.5
-"""))
-    await relay.start()
-    yield relay
-    await relay.stop()
+""") as relay:
+        yield relay
 
 
 def stats(relay: Relay) -> dict:
@@ -133,11 +130,6 @@ async def test_a_plugin_that_dies_is_restarted_and_meanwhile_refuses_with_error(
 
 async def test_a_plugin_that_cannot_start_refuses_with_error(tmp_path, alice: Keys):
     """A command that does not exist: the relay serves, and every event of the source is refused with "error:"."""
-    relay = Relay(policies_config(tmp_path, '[[policies]]\ncommand = ["/no/such/plugin"]'))
-    await relay.start()
-    try:
+    async with serving(tmp_path, '[[policies]]\ncommand = ["/no/such/plugin"]') as relay:
         client = await Client.connect(relay.url)
         assert (await client.publish(alice.sign(content="x")))[2:] == [False, NOT_RUNNING]
-    finally:
-        await relay.stop()
-    await asyncio.sleep(0)
