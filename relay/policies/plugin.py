@@ -87,7 +87,7 @@ class Plugin:
 
     async def __call__(self, event: Event, source: object) -> Verdict:
         process = self._process or await self._start()
-        if process is None:
+        if process is None or process is not self._process:  # not started, or let go while starting
             return reject(NOT_RUNNING)
         answer = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(event.id, deque()).append(answer)
