@@ -18,7 +18,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from relay.config import Config, ConfigError, load_config
+from relay.config import Config, ConfigError, load_config, sections
 from tests.hostile.fuzzing import examples
 
 RELAY_TOML = Path(__file__).resolve().parents[2] / "config" / "relay.toml"
@@ -88,8 +88,8 @@ def mutated_relay_toml(draw) -> str:
 
 
 def _setting_names() -> list[str]:
-    return [f"RELAY_{section.name.upper()}__{f.name.upper()}" for section in dataclasses.fields(Config)
-            if section.name != "projectors" for f in dataclasses.fields(section.default_factory())]
+    return [f"RELAY_{name.upper()}__{f.name.upper()}" for name, section in sections().items()
+            for f in dataclasses.fields(section)]
 
 
 ENVIRONMENTS = st.dictionaries(
