@@ -66,8 +66,10 @@ TOML_VALUES = st.recursive(
 _LINES = RELAY_TOML.read_text(encoding="utf-8").split("\n")
 _ASSIGNMENTS = st.sampled_from([(i, m.group(1)) for i, line in enumerate(_LINES) if (m := _ASSIGNMENT.match(line))])
 _EXTRA_TABLE = st.tuples(
-    st.sampled_from(["sync.peers", "projectors", "negentropy.filters"]),
-    st.dictionaries(_TEXT | st.sampled_from(["url", "direction", "filter", "table", "kind", "fields", "primary_key"]),
+    st.sampled_from(["sync.peers", "projectors", "negentropy.filters", "policies"]),
+    st.dictionaries(_TEXT | st.sampled_from(["url", "direction", "filter", "table", "kind", "fields", "primary_key",
+                                             "nip70_events", "call", "command", "options", "sources",
+                                             "timeout_seconds", "name"]),
                     TOML_VALUES, max_size=5))
 
 
