@@ -1,14 +1,15 @@
 """Write policies' cost: ingest and REQ in the same run with no policy, one Python policy, one strfry plugin.
 
-    .venv/bin/python bench/policies.py --n 50000                 # ~1-2 min on a quiet machine
+    .venv/bin/python bench/policies.py --n 50000                 # a few minutes (3 setups x 3 runs)
     .venv/bin/python bench/policies.py --n 2000 --reps 1         # a quick check that it runs
 
 For each setup a fresh `relay serve` (rate limits off) gets the same --n signed events over one
 connection, --window EVENTs in flight, counted by OK; then every event is read back by REQ (ids
-filters of 500; older replaceable versions superseded meanwhile are not there).  Reported per event, median of --reps runs: wall µs and relay CPU µs (utime+stime of
-the relay's process tree, so the plugin's process counts) for ingest and REQ, and the difference from
-the setup without policies.  The Python policy is the shipped `max_size` (a dict lookup and a length);
-the plugin is strfry's documented whitelist shape in Node.js, accepting every pubkey.
+filters of 500; older replaceable versions superseded meanwhile are not there).  Reported per event,
+median of --reps runs: wall µs and relay CPU µs (utime+stime of the relay's process tree, so the
+plugin's process counts) for ingest and REQ, and the difference from the setup without policies.
+The Python policy is the shipped `max_size` (a dict lookup and a length); the plugin is strfry's
+documented whitelist shape in Node.js, accepting every pubkey.
 """
 from __future__ import annotations
 

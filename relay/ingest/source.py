@@ -1,17 +1,18 @@
 """Where an event comes from, and so which rules apply to it: the one place that says so.
 
-| source                    | name   | who may publish    | kind rules | rate limit | origin   | evicted id | ephemeral  | NIP-70    |
-|---------------------------|--------|--------------------|------------|------------|----------|------------|------------|-----------|
-| `Source.client`           | client | the connection's   | yes        | yes        | ""       | stored     | fanned out | its AUTH  |
-| `Source.client(peer=url)` | peer   | -                  | -          | -          | peer URL | refused    | fanned out | its AUTH* |
-| `Source.peer(url)` (sync) | peer   | what was asked for | -          | -          | peer URL | refused    | not stored | refused*  |
-| `IMPORT` (`relay import`) | import | -                  | yes        | -          | ""       | stored     | not stored | accepted  |
+| source                    | name   | who may publish  | kinds | rate | origin   | evicted id | ephemeral  | NIP-70   |
+|---------------------------|--------|------------------|-------|------|----------|------------|------------|----------|
+| `Source.client`           | client | the connection's | yes   | yes  | ""       | stored     | fanned out | its AUTH |
+| `Source.client(peer=url)` | peer   | -                | -     | -    | peer URL | refused    | fanned out | (*)      |
+| `Source.peer(url)` (sync) | peer   | what was asked   | -     | -    | peer URL | refused    | not stored | (*)      |
+| `IMPORT` (`relay import`) | import | -                | yes   | -    | ""       | stored     | not stored | accepted |
 
 Every source gets the event rules (shape, id, NIP-40 expiry, the NIP-42
 AUTH kind) and the BIP-340 signature check, then the `[[policies]]` that
 list its `name` (relay/ingest/policies.py).  NIP-70: a protected event is
-taken only from a connection authenticated as its author (`pubkeys`), and
-(*) from a peer whose `[[sync.peers]]` entry says `nip70_events = true`.  A client that authenticated
+taken only from a connection authenticated as its author (`pubkeys`);
+(*) from a peer, only so, unless its `[[sync.peers]]` entry says
+`nip70_events = true`.  A client that authenticated
 as a configured peer (NIP-42) is that peer: it must be able to sync every
 event, so no write, kind nor rate rule applies to it.  What sync asks for
 is checked per request (`Ingest.accept_many`'s `screen`).

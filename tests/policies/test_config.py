@@ -59,7 +59,8 @@ def test_nip70_events_is_a_boolean_of_a_peer(tmp_path):
 def test_the_commented_examples_in_relay_toml_load(tmp_path):
     """Each `# [[policies]]` example of config/relay.toml, uncommented, is a valid table whose policy loads."""
     lines = RELAY_TOML.read_text().split("# --- Write policies")[1].splitlines()
-    examples = "\n".join(line[2:] for line in lines if re.match(r"# (\[\[policies\]\]|call|options|command|sources)", line))
+    example = re.compile(r"# (\[\[policies\]\]|call|options|command|sources)")
+    examples = "\n".join(line[2:] for line in lines if example.match(line))
     (tmp_path / "deny.txt").write_text("")
     examples = examples.replace("/etc/relay/deny.txt", str(tmp_path / "deny.txt"))
     config = load(tmp_path, examples)
