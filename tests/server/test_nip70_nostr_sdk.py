@@ -13,9 +13,17 @@ from tests.inprocess import Relay
 from tests.server.test_interop_nostr_sdk import TIMEOUT, accepted, failure, fetch
 
 
+@pytest.fixture
+async def callbacks_on_this_loop():
+    """nostr-sdk calls the Python authenticator back on the loop it is given (else on none: it fails); it is
+    a global of the module, reset afterwards so later tests' loops are not taken for a closed one."""
+    sdk.uniffi_set_event_loop(asyncio.get_running_loop())
+    yield
+    sdk.uniffi_set_event_loop(None)
+
+
 async def signed_in(relay, keys: sdk.Keys) -> sdk.Client:
     """A nostr-sdk client that answers AUTH challenges itself with `keys` (NIP-42), connected to `relay`."""
-    sdk.uniffi_set_event_loop(asyncio.get_running_loop())  # the authenticator is called back on this loop
     client = sdk.ClientBuilder().authenticator(sdk.SignerAuthenticator(keys)).build()
     await client.add_relay(sdk.RelayUrl.parse(relay.url))
     await client.connect(TIMEOUT)
@@ -23,7 +31,8 @@ async def signed_in(relay, keys: sdk.Keys) -> sdk.Client:
 
 
 @pytest.mark.parametrize("on_connect", [True, False])
-async def test_nostr_sdk_publishes_its_own_protected_event_after_auth_and_not_anothers(tmp_path, on_connect):
+async def test_nostr_sdk_publishes_its_own_protected_event_after_auth_and_not_anothers(tmp_path, on_connect,
+                                                                                       callbacks_on_this_loop):
     """nostr-sdk answers the challenge (sent when the connection opens, or after its "auth-required:" refusal)
     and resends: stored for the author's client; "restricted:" for a client signed in as someone else."""
     relay = Relay(make_config(tmp_path, auth={"challenge_on_connect": on_connect}))
