@@ -154,6 +154,10 @@ def _main(argv: list[str] | None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     try:
         config = _config(args)
+        if args.command in ("serve", "import", "sync"):  # commands that take events: their policies must load
+            from relay.ingest.policies import Policies
+
+            Policies.load(config.policies).close()
     except ConfigError as exc:
         print(f"relay: configuration error: {exc}", file=sys.stderr)
         return 2

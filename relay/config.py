@@ -248,6 +248,7 @@ class PeerConfig:
     direction: str = "both"
     filter: str = "{}"
     pubkey: str = ""
+    nip70_events: bool = False  # take its protected events (NIP-70) although it is not their author
 
 
 def _parse_peers(name: str, value: Any) -> tuple[PeerConfig, ...]:
@@ -259,7 +260,7 @@ def _parse_peers(name: str, value: Any) -> tuple[PeerConfig, ...]:
     from relay.protocol.rejection import Rejection
 
     peers, urls = [], set()
-    for name, table in _tables(value, name, ("url", "direction", "filter", "pubkey")):
+    for name, table in _tables(value, name, ("url", "direction", "filter", "pubkey", "nip70_events")):
         url = table.get("url")
         if type(url) is not str or not url.startswith(("ws://", "wss://")):
             raise ConfigError(f"{name}.url: must be a ws:// or wss:// URL, got {url!r}")
@@ -288,7 +289,10 @@ def _parse_peers(name: str, value: Any) -> tuple[PeerConfig, ...]:
         pubkey = table.get("pubkey", "")
         if pubkey != "" and not is_hex64(pubkey):
             raise ConfigError(f"{name}.pubkey: must be 64 lowercase hex characters, got {pubkey!r}")
-        peers.append(PeerConfig(url, direction, filter_json, pubkey))
+        nip70_events = table.get("nip70_events", False)
+        if type(nip70_events) is not bool:
+            raise ConfigError(f"{name}.nip70_events: expected true or false, got {nip70_events!r}")
+        peers.append(PeerConfig(url, direction, filter_json, pubkey, nip70_events))
     return tuple(peers)
 
 
@@ -512,6 +516,58 @@ class RetentionConfig:
     rules: tuple[RetentionRule, ...] = key((), "age rules ([[retention.rules]] tables)", parse=_parse_retention_rules)
 
 
+# --- [[policies]] (relay/ingest/policies.py, relay/policies/) ------------------------------------------------
+
+POLICY_SOURCES = ("client", "peer", "import")
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """One `[[policies]]` table: a write policy, run in file order on the events of `sources`.
+
+    Either `call` ("module:function", a Python policy; with `options`, a
+    factory called with them as keyword arguments) or `command` (argv of a
+    strfry write-policy plugin).  `timeout_seconds` is its time budget per
+    event; `name` names it in logs and metrics (default: `call` or the
+    command's first word).
+    """
+
+    name: str
+    call: str = ""
+    command: tuple[str, ...] = ()
+    options: dict = field(default_factory=dict)
+    sources: tuple[str, ...] = ("client",)
+    timeout_seconds: float = 0.5
+
+
+def _parse_policies(value: Any) -> tuple[PolicyConfig, ...]:
+    """`[[policies]]` tables into PolicyConfigs; raises ConfigError naming `policies[i].<key>`."""
+    policies = []
+    for name, table in _tables(value, "policies", ("name", "call", "command", "options", "sources",
+                                                   "timeout_seconds")):
+        call, command, options = table.get("call", ""), table.get("command", []), table.get("options", {})
+        if bool(call) == bool(command):
+            raise ConfigError(f"{name}: give either call or command")
+        if call and (type(call) is not str or not all(call.partition(":")[::2])):
+            raise ConfigError(f"{name}.call: must be \"module:function\", got {call!r}")
+        if command and (type(command) is not list or not all(type(w) is str and w for w in command)):
+            raise ConfigError(f"{name}.command: must be an array of strings (the program and its arguments)")
+        if type(options) is not dict or (options and not call):
+            raise ConfigError(f"{name}.options: must be a table, with call only")
+        sources = table.get("sources", ["client"])
+        if type(sources) is not list or not sources or not set(sources) <= set(POLICY_SOURCES):
+            raise ConfigError(f"{name}.sources: must list some of {', '.join(POLICY_SOURCES)}, got {sources!r}")
+        timeout = table.get("timeout_seconds", 0.5)
+        if type(timeout) not in (int, float) or not 0 < timeout < math.inf:
+            raise ConfigError(f"{name}.timeout_seconds: must be a number of seconds > 0, got {timeout!r}")
+        label = table.get("name", call or (command[0] if command else ""))
+        if type(label) is not str or not label:
+            raise ConfigError(f"{name}.name: must be a non-empty string")
+        policies.append(PolicyConfig(label, call, tuple(command), options, tuple(dict.fromkeys(sources)),
+                                     float(timeout)))
+    return tuple(policies)
+
+
 @dataclass(frozen=True)
 class HttpConfig:
     """[http]: plain HTTP pages on the relay's port (beside NIP-11, /health and /metrics)."""
@@ -539,9 +595,11 @@ class Config:
     http: HttpConfig = _section(HttpConfig)
     # [[projectors]]: an array of tables, not a section; absent from the file means the built-in ones.
     projectors: tuple[ProjectorSpec, ...] = field(default_factory=builtin_projectors)
+    # [[policies]]: write policies, from the file only; none by default.
+    policies: tuple[PolicyConfig, ...] = ()
 
 
-_TABLE_ARRAYS = ("projectors",)  # top-level arrays of tables ([[projectors]]), from the file only
+_TABLE_ARRAYS = ("projectors", "policies")  # top-level arrays of tables ([[projectors]]), from the file only
 _SQLITE_MAX_LENGTH = 1_000_000_000  # SQLite's default bound on one string or blob (bytes)
 
 
@@ -611,6 +669,9 @@ def _merge_file(values: dict[str, dict[str, Any]], data: dict[str, Any]) -> None
         if section == "projectors":
             values["projectors"] = _parse_projectors(table)  # type: ignore[assignment]
             continue
+        if section == "policies":
+            values["policies"] = _parse_policies(table)  # type: ignore[assignment]
+            continue
         if section not in sections():
             raise ConfigError(f"{section}: unknown section")
         if not isinstance(table, dict):
@@ -657,7 +718,7 @@ def load_config(
             if value is not None:
                 values[section][key] = _check_value(section, key, value)
     config = Config(**{name: cls(**values[name]) for name, cls in sections().items()},
-                    projectors=values.get("projectors", builtin_projectors()))
+                    projectors=values.get("projectors", builtin_projectors()), policies=values.get("policies", ()))
     _check_consistency(config)
     return config
 

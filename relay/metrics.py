@@ -79,6 +79,10 @@ class Metrics:
         """Read the failed sync attempts per configured peer URL from `sync` at each scrape."""
         self._scrape.sync = sync
 
+    def watch_policies(self, policies: Provider[Mapping[str, Mapping[str, int]]]) -> None:
+        """Read the counts per write policy (relay/ingest/policies.py `Policies.stats`) at each scrape."""
+        self._scrape.policies = policies
+
     def event_answered(self, outcome: Outcome) -> None:
         """Count an EVENT's OK reply: refusals (OK false) and duplicates (OK true "duplicate: ...") by prefix."""
         if not outcome.accepted or outcome.prefix:
@@ -104,6 +108,7 @@ class _ScrapeCollector:
         self.server: Provider[Any] | None = None
         self.projectors: Provider[Mapping[str, int]] | None = None
         self.sync: Provider[Mapping[str, int]] | None = None
+        self.policies: Provider[Mapping[str, Mapping[str, int]]] | None = None
         self.peers: list[PeerState] = []
 
     def collect(self) -> Iterator[Metric]:
@@ -134,6 +139,14 @@ class _ScrapeCollector:
             refusals.add_metric([name], count)
         yield refusals
         yield from self._peers()
+        if self.policies is not None:
+            outcomes = CounterMetricFamily("relay_policy_outcomes", "write policies' events by what happened: "
+                                           "rejected, shadow_rejected, failed, overruns (of the time budget); "
+                                           "plugins: restarts, bad_lines", labels=["policy", "outcome"])
+            for name, counts in sorted(self.policies.stats().items()):
+                for outcome, count in sorted(counts.items()):
+                    outcomes.add_metric([name, outcome], count)
+            yield outcomes
 
     def _peers(self) -> Iterator[Metric]:
         """Per-peer sync state: all-time counts from `sync_peers`, errors since this process started."""

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import structlog
 
-from relay.config import Config
+from relay.config import Config, ConfigError
 from relay.hooks import hooks
 from relay.ingest import Ingest
 from relay.ingest.moderation import Moderation
@@ -93,6 +93,7 @@ class Node:
             DatabaseUnusable: the database cannot be opened for writing (nothing listens).
             OSError: the address cannot be bound (the store is closed again).
             NodeKeyError: the node key cannot be created or read while peers are configured (nothing opened).
+            ConfigError: a `[[policies]]` module cannot be loaded (the store is closed again).
         """
         config = self.config
         if config.sync.peers:  # the key peers' AUTH needs, checked before anything opens or listens
@@ -101,7 +102,11 @@ class Node:
         store.add_listener(self._on_commit)
         store.on_batch = self.metrics.writer_batch
         self.moderation = await Moderation.open(store, config, runs_purges=True)  # (resumes purges cut short)
-        self.ingest = Ingest.from_config(config, store, self._ephemeral, self.moderation)
+        try:
+            self.ingest = Ingest.from_config(config, store, self._ephemeral, self.moderation)
+        except ConfigError:  # a [[policies]] module that cannot be loaded: release the store's threads
+            await store.close()
+            raise
         self.server = RelayServer(config, store, self.ingest, self.metrics, self._metrics_page)
         if config.http.status_page:  # for browsers, at the relay's endpoints
             page = StatusPage(config, time.monotonic())
@@ -113,7 +118,7 @@ class Node:
             # e.g. the port is taken: release the store's threads, or the process cannot exit.
             self.moderation.close()
             await store.close()
-            self.ingest.close()
+            await self.ingest.aclose()
             raise
         self._background = [asyncio.create_task(self._purge_expired_forever(), name="expiry-purge"),
                             asyncio.create_task(self.moderation.refresh_forever(), name="moderation-refresh")]
@@ -125,6 +130,7 @@ class Node:
         log.info("relay_started", url=self.url, db=str(config.store.path))
         projectors = next((h for h in store.hooks if isinstance(h, ProjectorHook)), None)
         self.metrics.watch(store, self.server, projectors)
+        self.metrics.watch_policies(self.ingest.policies)
         self.sync = await start_sync(config, store, self.ingest)
         if self.sync is not None:
             self.metrics.watch_peers(self.sync)
@@ -161,7 +167,7 @@ class Node:
         if self.store is not None:
             await self.store.close()
         if self.ingest is not None:
-            self.ingest.close()
+            await self.ingest.aclose()
         log.info("relay_stopped")
 
     async def _metrics_page(self, request: HttpRequest) -> HttpResponse:

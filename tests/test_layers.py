@@ -21,6 +21,7 @@ LAYERS: list[set[str]] = [
     {"store"},
     {"config"},
     {"keys"},
+    {"policies"},  # write policies and the strfry plugin protocol, run by ingest
     {"ingest"},
     {"server", "sync"},
     {"node", "metrics", "retention", "hooks", "status", "status_page", "locks"},

@@ -78,7 +78,7 @@ async def sync_once(config: Config, url: str, filter_obj: dict, options: SyncOpt
             await states.add_counts(url, report.fetched, report.pushed)
             await states.record_run(url, sum(report.refused.values()), report.error_text())
     finally:
-        ingest.close()
+        await ingest.aclose()
         await states.close()
         await store.close()
     return report

@@ -170,7 +170,7 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None) ->
                     ingest, source, lambda n: bar.advance(task, n), report,
                     rejects_writer(out) if out is not None else None))
     finally:
-        ingest.close()
+        await ingest.aclose()
         await store.close()
         if out is not None:
             out.close()

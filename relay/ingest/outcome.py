@@ -8,7 +8,7 @@ deleted or expired event) are constants to compare with.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from relay.protocol import rules
 from relay.protocol.rejection import PREFIXES, Rejection
@@ -17,11 +17,16 @@ from relay.store import batch
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """The OK answer to one event (NIP-01): `accepted`, then `prefix` ("" or one of `PREFIXES`) and `reason`."""
+    """The OK answer to one event (NIP-01): `accepted`, then `prefix` ("" or one of `PREFIXES`) and `reason`.
+
+    `settles`: a refusal of a peer's event that is final here (a write policy's, NIP-70's), which sync counts
+    as settled, not as an error; not compared (the wire cannot tell).
+    """
 
     accepted: bool
     prefix: str = ""
     reason: str = ""
+    settles: bool = field(default=False, compare=False)
 
     @property
     def message(self) -> str:
@@ -29,9 +34,9 @@ class Outcome:
         return f"{self.prefix}: {self.reason}" if self.prefix else self.reason
 
     @classmethod
-    def refused(cls, rejection: Rejection) -> Outcome:
+    def refused(cls, rejection: Rejection, settles: bool = False) -> Outcome:
         """The refusal `rejection` stands for."""
-        return cls(False, rejection.prefix, rejection.reason)
+        return cls(False, rejection.prefix, rejection.reason, settles)
 
     @classmethod
     def parse(cls, accepted: bool, message: str) -> Outcome:
@@ -56,6 +61,10 @@ EPHEMERAL = Outcome(True, "", "ephemeral: not stored")
 """An ephemeral event from a source whose ephemeral events go to no subscription (sync, import)."""
 BAD_SIGNATURE = Outcome(False, "invalid", "bad signature")
 RATE_LIMITED = Outcome(False, "rate-limited", "too many events, slow down")
+SHADOW_REJECTED = Outcome(True)
+"""A client's event that a write policy shadow-rejected: answered as accepted, neither stored nor fanned out."""
+SHADOW_ELSEWHERE = "blocked: refused by a write policy"
+"""The refusal of a shadow-rejected event from a peer or an import: shadow-rejects are for clients only."""
 INTERNAL = Outcome(False, "error", "internal")
 """A bug: the details go to the log (`event_failed`), never to the sender."""
 

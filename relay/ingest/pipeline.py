@@ -7,9 +7,14 @@ the event rules of relay/protocol/rules.py (expiry, the AUTH kind), the bans
 then goes to the one pool of signature-checking threads (`Verifier`); back
 on the loop, a valid event is queued for the writer (`Store.enqueue`) with
 the source's origin, or, when ephemeral, handed to `live` (the fan-out) or
-dropped, as the source says.  `done(outcome)` runs once: at once for a
-refusal, after the COMMIT for a stored event.  A client's EVENT costs
-callbacks only, no task; `accept_many` runs a batch (sync, import) through
+dropped, as the source says.  Between the signature and the writer, NIP-70
+(`rules.check_protected`, with the connection's pubkeys) and the
+`[[policies]]` listing the source (policies.py): a shadow-reject from a
+client is answered `OK true` and goes nowhere; a peer's event that a policy
+refuses is recorded as settled (relay/store/refused.py), so sync does not
+fetch it again.  `done(outcome)` runs once: at once for a refusal, after the
+COMMIT for a stored event.  A client's EVENT costs callbacks only, no task
+(unless a policy awaits); `accept_many` runs a batch (sync, import) through
 the same steps and awaits its outcomes.
 """
 
@@ -29,16 +34,21 @@ from relay.ingest.outcome import (
     EPHEMERAL,
     INTERNAL,
     RATE_LIMITED,
+    SHADOW_ELSEWHERE,
+    SHADOW_REJECTED,
     Outcome,
     from_store,
 )
 from relay.ingest.moderation import Moderation
+from relay.ingest.policies import Policies
 from relay.ingest.source import Source
 from relay.ingest.verifier import Verifier
+from relay.policies import Verdict
 from relay.protocol import rules
 from relay.protocol.envelopes import loads
 from relay.protocol.event import Event, EventLimits, event_ref, is_ephemeral, parse_event
 from relay.protocol.rejection import Rejection
+from relay.store import refused
 from relay.store.store import Store
 
 log = structlog.get_logger(__name__)
@@ -52,27 +62,40 @@ class Ingest:
 
     `limits` bound each event (NIP-11 `limitation`); `kinds` are the `[auth]`
     kind rules; `threads` check signatures; `live(event)` fans an ephemeral
-    event out to the live subscriptions (None: there are none).
+    event out to the live subscriptions (None: there are none); `moderation`
+    holds the operator's effective rules (bans, kinds of config and database;
+    None: the `[auth]` kinds alone); `policies` are the write policies; `nip70_peers` the URLs of the peers whose
+    protected events are taken (NIP-70).
     """
 
     def __init__(self, store: Store, limits: EventLimits | None = None, kinds: rules.KindRules | None = None,
                  threads: int = 2, live: Callable[[Event], None] | None = None,
-                 moderation: Moderation | None = None) -> None:
+                 moderation: Moderation | None = None, policies: Policies | None = None,
+                 nip70_peers: frozenset[str] = frozenset()) -> None:
         self.store = store
         self.limits = limits or EventLimits()
         self.kinds = kinds or rules.KindRules()
         self.verifier = Verifier(threads)
         self.live = live
         self.moderation = moderation  # bans and the kinds of config and database together (moderation.py)
+        self.policies = policies or Policies()
+        self.nip70_peers = nip70_peers
+        self._refused: list[tuple[bytes, str]] = []  # peers' events refused by a policy, to record
+        self._recording: asyncio.Task | None = None
 
     @classmethod
     def from_config(cls, config: Config, store: Store, live: Callable[[Event], None] | None = None,
                     moderation: Moderation | None = None) -> Ingest:
-        """The ingest of `config`: `[limits]` for events, `[auth]` kinds, `store.verify_threads`; with
-        `moderation`, its effective rules instead of the `[auth]` kinds alone."""
+        """The ingest of `config`: `[limits]` for events, `[auth]` kinds, `store.verify_threads`, `[[policies]]`;
+        with `moderation`, its effective rules instead of the `[auth]` kinds alone.
+
+        Raises:
+            ConfigError: a policy's module cannot be loaded (relay/ingest/policies.py `load`).
+        """
         auth = config.auth
         return cls(store, config.limits.event_limits(), rules.KindRules.of(auth.allow_kinds, auth.deny_kinds),
-                   config.store.verify_threads, live, moderation)
+                   config.store.verify_threads, live, moderation=moderation, policies=Policies.load(config.policies),
+                   nip70_peers=frozenset(p.url for p in config.sync.peers if p.nip70_events))
 
     def submit(self, obj: object, source: Source, done: Done, screen: Screen | None = None) -> Event | None:
         """Take one event from `source`; `done(outcome)` runs on the loop once it is settled.
@@ -118,11 +141,19 @@ class Ingest:
         await self.store.wait_for_room()
         events = [self.submit(obj, source, partial(done, i), screen) for i, obj in enumerate(objects)]
         await all_done
+        if self._recording is not None:
+            await asyncio.shield(self._recording)  # the refusals are settled before the caller reads them
         return list(zip(outcomes, events))
 
     def close(self) -> None:
-        """Stop the signature-checking threads (after the checks they hold)."""
+        """Stop the signature-checking threads (after the checks they hold) and kill the policies' plugins."""
         self.verifier.close()
+        self.policies.close()
+
+    async def aclose(self) -> None:
+        """`close()`, then wait until the policies' plugin processes have exited."""
+        self.close()
+        await self.policies.wait_closed()
 
     def _check(self, obj: object, source: Source, screen: Screen | None) -> Event:
         if type(obj) is bytes:
@@ -144,6 +175,47 @@ class Ingest:
         if not valid:
             done(BAD_SIGNATURE)
             return
+        if source.protected_rule and source.origin not in self.nip70_peers:
+            try:
+                rules.check_protected(event, source.pubkeys)
+            except Rejection as rejection:
+                done(Outcome.refused(rejection, settles=bool(source.origin)))
+                return
+        chain = self.policies.chain(source)
+        if chain:
+            self.policies.judge(event, source, chain, partial(self._judged, event, source, done))
+        else:
+            self._take(event, source, done)
+
+    def _judged(self, event: Event, source: Source, done: Done, verdict: Verdict) -> None:
+        if verdict.action == "accept":
+            self._take(event, source, done)
+        elif verdict.action == "shadowReject" and source.name == "client":
+            done(SHADOW_REJECTED)  # DESIGN.md invariant 1's one exception: OK true, nothing stored, no fan-out
+        else:
+            outcome = Outcome.parse(False, verdict.message if verdict.action == "reject" else SHADOW_ELSEWHERE)
+            if source.origin and outcome.prefix != "error":
+                outcome = Outcome(False, outcome.prefix, outcome.reason, settles=True)
+                self._record_refused(event, source.origin)
+            done(outcome)
+
+    def _record_refused(self, event: Event, origin: str) -> None:
+        """Queue `event`'s id as settled for peer sync (relay/store/refused.py); one writer job at a time."""
+        self._refused.append((bytes.fromhex(event.id), origin))
+        if self._recording is None:
+            self._recording = asyncio.ensure_future(self._record_all())
+
+    async def _record_all(self) -> None:
+        try:
+            while self._refused:
+                batch, self._refused = self._refused, []
+                await self.store.run_job(refused.record, batch, int(time.time()))
+        except Exception as exc:  # a failed writer stops the relay elsewhere; the ids are fetched again later
+            log.error("policy_refusals_not_recorded", error=repr(exc))
+        finally:
+            self._recording = None
+
+    def _take(self, event: Event, source: Source, done: Done) -> None:
         try:
             if not is_ephemeral(event.kind):
                 self.store.enqueue(event, source.origin, partial(_stored, done))

@@ -1,15 +1,18 @@
 """Where an event comes from, and so which rules apply to it: the one place that says so.
 
-| source                           | who may publish    | kind rules | rate limit | origin   | evicted id | ephemeral   |
-|----------------------------------|--------------------|------------|------------|----------|------------|-------------|
-| `Source.client`                  | the connection's   | yes        | yes        | ""       | stored     | fanned out  |
-| `Source.client(peer=url)`        | -                  | -          | -          | peer URL | refused    | fanned out  |
-| `Source.peer(url)` (sync)        | what was asked for | -          | -          | peer URL | refused    | not stored  |
-| `IMPORT` (`relay import`)        | -                  | yes        | -          | ""       | stored     | not stored  |
+| source                    | name   | who may publish  | kinds | rate | origin   | evicted id | ephemeral  | NIP-70   |
+|---------------------------|--------|------------------|-------|------|----------|------------|------------|----------|
+| `Source.client`           | client | the connection's | yes   | yes  | ""       | stored     | fanned out | its AUTH |
+| `Source.client(peer=url)` | peer   | -                | -     | -    | peer URL | refused    | fanned out | (*)      |
+| `Source.peer(url)` (sync) | peer   | what was asked   | -     | -    | peer URL | refused    | not stored | (*)      |
+| `IMPORT` (`relay import`) | import | -                | yes   | -    | ""       | stored     | not stored | accepted |
 
 Every source gets the event rules (shape, id, NIP-40 expiry, the NIP-42
-AUTH kind), the bans (relay/ingest/moderation.py) and the BIP-340 signature
-check.  A client that authenticated
+AUTH kind), the bans (relay/ingest/moderation.py) and the BIP-340 signature check, then the `[[policies]]` that
+list its `name` (relay/ingest/policies.py).  NIP-70: a protected event is
+taken only from a connection authenticated as its author (`pubkeys`);
+(*) from a peer, only so, unless its `[[sync.peers]]` entry says
+`nip70_events = true`.  A client that authenticated
 as a configured peer (NIP-42) is that peer: it must be able to sync every
 event, so no write, kind nor rate rule applies to it.  What sync asks for
 is checked per request (`Ingest.accept_many`'s `screen`).
@@ -17,7 +20,7 @@ is checked per request (`Ingest.accept_many`'s `screen`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass
 
 from relay.protocol.event import Event
@@ -34,6 +37,9 @@ class Source:
     `rate()` takes one EVENT token, False when the sender is over its rate
     (None: not limited).  `fans_out_ephemeral`: an ephemeral event goes to
     the live subscriptions; else it is answered `EPHEMERAL`, and dropped.
+    `ip`: a client's IP address ("" otherwise); `pubkeys`: the pubkeys its
+    connection authenticated as (NIP-42; the connection's own set, which
+    grows); `protected_rule`: NIP-70 applies (see the module table).
     """
 
     name: str
@@ -42,15 +48,20 @@ class Source:
     may_publish: Callable[[Event], None] | None = None
     rate: Callable[[], bool] | None = None
     fans_out_ephemeral: bool = False
+    ip: str = ""
+    pubkeys: Set[str] = frozenset()
+    protected_rule: bool = True
 
     @classmethod
     def client(cls, may_publish: Callable[[Event], None] | None = None, rate: Callable[[], bool] | None = None,
-               peer: str = "") -> Source:
-        """A client's EVENT on a WebSocket connection; `peer`: the URL of the configured peer it authenticated
-        as (NIP-42), whose events are that peer's (see the module table)."""
+               peer: str = "", ip: str = "", pubkeys: Set[str] = frozenset()) -> Source:
+        """A client's EVENT on a WebSocket connection from `ip`, authenticated as `pubkeys`; `peer`: the URL
+        of the configured peer it authenticated as (NIP-42), whose events are that peer's (see the module
+        table)."""
         if peer:
-            return cls("client", origin=peer, fans_out_ephemeral=True)
-        return cls("client", kind_rules=True, may_publish=may_publish, rate=rate, fans_out_ephemeral=True)
+            return cls("peer", origin=peer, fans_out_ephemeral=True, ip=ip, pubkeys=pubkeys)
+        return cls("client", kind_rules=True, may_publish=may_publish, rate=rate, fans_out_ephemeral=True, ip=ip,
+                   pubkeys=pubkeys)
 
     @classmethod
     def peer(cls, url: str) -> Source:
@@ -58,5 +69,5 @@ class Source:
         return cls("peer", origin=url)
 
 
-IMPORT = Source("import", kind_rules=True)
-"""A line of `relay import`: the operator imports, so who publishes is not checked."""
+IMPORT = Source("import", kind_rules=True, protected_rule=False)
+"""A line of `relay import`: the operator imports (the file is their own data), so who publishes is not checked."""

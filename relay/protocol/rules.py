@@ -1,4 +1,4 @@
-"""Rules about one parsed event that need no I/O: expiry, the AUTH kind, the kinds a relay accepts.
+"""Rules about one parsed event that need no I/O: expiry, the AUTH kind, the kinds a relay accepts, NIP-70.
 
 Ingest (relay/ingest/) applies them after `parse_event` and before the
 signature check, which costs more than all of them; which apply is the
@@ -7,7 +7,9 @@ event's source's to say (`relay.ingest.Source`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
+
+import orjson
 from dataclasses import dataclass
 
 from relay.protocol.auth import AUTH_KIND
@@ -60,3 +62,37 @@ class KindRules:
         """
         if (self.allow is not None and kind not in self.allow) or kind in self.deny:
             raise Rejection("blocked", f"kind {kind} is not accepted here")
+
+
+REPOST_KINDS = frozenset({6, 16})
+"""NIP-18: a repost (6) and a generic repost (16), whose content may hold the reposted event's JSON."""
+
+
+def is_protected(tags: object) -> bool:
+    """NIP-70: True when `tags` (an event's tag list) holds the `["-"]` tag."""
+    return type(tags) is list and any(type(t) is list and len(t) == 1 and t[0] == "-" for t in tags)
+
+
+def check_protected(event: Event, pubkeys: Set[str]) -> None:
+    """NIP-70: a protected event is accepted only from a connection authenticated (NIP-42) as its author, whose
+    `pubkeys` are given; a repost (kinds 6, 16) embedding a protected event is refused from anyone.
+
+    Raises:
+        Rejection: "auth-required:" (not authenticated), "restricted:" (authenticated as someone else),
+        "blocked:" (a repost of a protected event).
+    """
+    if event.kind in REPOST_KINDS and event.content.startswith("{") and _embeds_protected(event.content):
+        raise Rejection("blocked", "a repost of a protected event (NIP-70)")
+    if not is_protected(event.tags) or event.pubkey in pubkeys:
+        return
+    if not pubkeys:
+        raise Rejection("auth-required", "this event is protected: authenticate as its author (NIP-70)")
+    raise Rejection("restricted", "this event is protected: only its author may publish it (NIP-70)")
+
+
+def _embeds_protected(content: str) -> bool:
+    try:
+        embedded = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return False
+    return type(embedded) is dict and is_protected(embedded.get("tags"))

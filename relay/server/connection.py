@@ -96,7 +96,7 @@ class Connection:
         self.negentropy = services.negentropy.sessions_for(self.wire.send, access)
         self._context = Context(handlers, self.wire.send, self.wire.send_watched, self.outbox, access,
                                 handlers.rate_limits.open(ip, proxied), self.subscriptions, self.negentropy,
-                                self.drop_slow_reader)
+                                self.drop_slow_reader, ip)
 
     async def run(self) -> None:
         """Read and answer messages until the socket closes, then release everything held."""

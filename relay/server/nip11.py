@@ -10,7 +10,7 @@ import orjson
 from relay.config import Config
 from relay.protocol.information import SOFTWARE
 
-SUPPORTED_NIPS = [1, 9, 11, 40, 42, 45, 62]
+SUPPORTED_NIPS = [1, 9, 11, 40, 42, 45, 62, 70]
 
 
 def _version() -> str:

@@ -26,11 +26,12 @@ Replies that mean "the peer (or we) already settled this" are not errors
 (`classify` for the peer's OK messages, `classify_outcome` for ours):
 duplicates, a newer version held, a deleted or expired event, strfry's
 `replaced:`, an id the peer no longer serves, an event or author banned
-here.  Needed ids that retention evicted or that are banned here are
-settled without being fetched.  An event the peer refuses
-for good (`invalid:`, `blocked:`, ...: strfry's "too many tags") is settled
-as refused, counted and named, not an error that would fail every run;
-errors are what may pass (`rate-limited:`, `error:`, no reason).
+here, a refusal by a write policy or NIP-70 (`Outcome.settles`).  Needed
+ids that retention evicted here, that are banned here, or that a write
+policy refused from a peer, are settled without being fetched.  An event
+the peer refuses for good (`invalid:`, `blocked:`, ...: strfry's "too many
+tags") is settled as refused, counted and named, not an error that would
+fail every run; errors are what may pass (`rate-limited:`, `error:`, no reason).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from relay.protocol.negentropy import Negentropy, SortedVector
 from relay.protocol.rejection import invalid
 from relay.store import evidence
 from relay.store.batch import coordinate_of
+from relay.store.refused import refused_among
 from relay.store.retention import evicted_among
 from relay.store.store import Store
 from relay.sync.peer import PeerConnection, PeerError
@@ -67,6 +69,7 @@ NOT_SENT = "not sent: the peer is not this relay software (NIP-11), which keeps 
 MISSING = "missing: the peer did not serve it (expired or deleted there?)"
 GONE_LOCALLY = "gone: no longer stored here (superseded, deleted or expired)"
 EVICTED_HERE = "evicted: removed here by retention, not fetched back"
+REFUSED_HERE = "refused: a write policy refused it here, not fetched again"
 SETTLED_HERE = frozenset({DUPLICATE, NEWER_VERSION, DELETED, VANISHED, EVICTED, EXPIRED, EPHEMERAL, BANNED})
 """Our own outcomes that settle a fetched event: held here already, or never to be."""
 LASTING_CAP = 10_000  # differences remembered from one run to the next (a catch-up run has more: not compared)
@@ -182,7 +185,7 @@ def classify(accepted: bool, message: str) -> tuple[str, str]:
 
 def classify_outcome(outcome: Outcome) -> tuple[str, str]:
     """(STORED | SETTLED | ERROR, message) for ingest's outcome of one event from a peer (`SETTLED_HERE`)."""
-    if outcome in SETTLED_HERE:
+    if outcome in SETTLED_HERE or outcome.settles:
         return SETTLED, outcome.message
     return (STORED, outcome.message) if outcome.accepted else (ERROR, outcome.message)
 
@@ -291,11 +294,14 @@ class _Fetcher:
         self.tasks.append(asyncio.create_task(self._fetch(batch)))
 
     async def _fetch(self, ids: list[str]) -> None:
-        evicted = await self.intake.store.read_snapshot(evicted_among, [bytes.fromhex(i) for i in ids])
-        if evicted:  # retention removed them here: never fetched back (relay/store/retention.py)
-            ids = [i for i in ids if bytes.fromhex(i) not in evicted]
-            self.report.settled[EVICTED_HERE] += len(evicted)
-            self.report.fetch_done += len(evicted)
+        # retention removed them here, or a policy refused them: never fetched again (relay/store/retention.py,
+        # relay/store/refused.py)
+        for among, why in ((evicted_among, EVICTED_HERE), (refused_among, REFUSED_HERE)):
+            settled = await self.intake.store.read_snapshot(among, [bytes.fromhex(i) for i in ids])
+            if settled:
+                ids = [i for i in ids if bytes.fromhex(i) not in settled]
+                self.report.settled[why] += len(settled)
+                self.report.fetch_done += len(settled)
         moderation = self.intake.ingest.moderation
         if moderation is not None and (banned := [i for i in ids if moderation.is_banned_event(i)]):
             ids = [i for i in ids if i not in banned]  # settled like a tombstone: never fetched back

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from relay.config import Config, ConfigError, load_config
+from relay.config import Config, ConfigError, load_config, sections
 from tests.hostile.fuzzing import examples
 
 RELAY_TOML = Path(__file__).resolve().parents[2] / "config" / "relay.toml"
@@ -66,8 +66,10 @@ TOML_VALUES = st.recursive(
 _LINES = RELAY_TOML.read_text(encoding="utf-8").split("\n")
 _ASSIGNMENTS = st.sampled_from([(i, m.group(1)) for i, line in enumerate(_LINES) if (m := _ASSIGNMENT.match(line))])
 _EXTRA_TABLE = st.tuples(
-    st.sampled_from(["sync.peers", "projectors", "negentropy.filters"]),
-    st.dictionaries(_TEXT | st.sampled_from(["url", "direction", "filter", "table", "kind", "fields", "primary_key"]),
+    st.sampled_from(["sync.peers", "projectors", "negentropy.filters", "policies"]),
+    st.dictionaries(_TEXT | st.sampled_from(["url", "direction", "filter", "table", "kind", "fields", "primary_key",
+                                             "nip70_events", "call", "command", "options", "sources",
+                                             "timeout_seconds", "name"]),
                     TOML_VALUES, max_size=5))
 
 
@@ -88,8 +90,8 @@ def mutated_relay_toml(draw) -> str:
 
 
 def _setting_names() -> list[str]:
-    return [f"RELAY_{section.name.upper()}__{f.name.upper()}" for section in dataclasses.fields(Config)
-            if section.name != "projectors" for f in dataclasses.fields(section.default_factory())]
+    return [f"RELAY_{name.upper()}__{f.name.upper()}" for name, section in sections().items()
+            for f in dataclasses.fields(section)]
 
 
 ENVIRONMENTS = st.dictionaries(

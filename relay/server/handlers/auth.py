@@ -32,10 +32,10 @@ async def handle_auth(ctx: Context, envelope: AuthEnvelope) -> None:
     if ctx.access.origin:  # a configured peer: sync traffic is not rate limited
         ctx.services.rate_limits.close(ctx.rate)
         ctx.rate = None
-        ctx.source = Source.client(peer=ctx.access.origin)
+        ctx.source = Source.client(peer=ctx.access.origin, ip=ctx.source.ip, pubkeys=ctx.access.pubkeys)
     elif ctx.rate is not None and ctx.services.trusted(pubkey):  # [rate_limits] trusted_pubkeys, NIP-86 trustpubkey
         ctx.services.rate_limits.close(ctx.rate)
         ctx.rate = None
-        ctx.source = Source.client(ctx.source.may_publish)
+        ctx.source = Source.client(ctx.source.may_publish, ip=ctx.source.ip, pubkeys=ctx.access.pubkeys)
     log.info("authenticated", pubkey=pubkey, peer=ctx.access.origin or None)
     await ctx.send(encode_ok(ref, True, ""))

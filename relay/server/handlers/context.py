@@ -68,7 +68,7 @@ class Context:
     connection is not rate limited; `draining` is set when the relay shuts
     down (EVENTs are no longer taken); `query_slot` lets one stored query run
     at a time; `drop_slow_reader(reason)` disconnects the client (1008);
-    `source` says which ingest rules its EVENTs get (relay/ingest/source.py).
+    `source` says which ingest rules its EVENTs get (relay/ingest/source.py), with the client's `ip`.
     """
 
     __slots__ = ("services", "limits", "send", "send_watched", "outbox", "access", "rate", "subscriptions",
@@ -78,7 +78,7 @@ class Context:
                  send_watched: Callable[[list[bytes], float, RateWindow | None], Awaitable[bool]],
                  outbox: Outbox, access: ConnectionAccess, rate: ConnectionRate | None,
                  subscriptions: Subscriptions, negentropy: ConnectionSessions,
-                 drop_slow_reader: Callable[[str], None]) -> None:
+                 drop_slow_reader: Callable[[str], None], ip: str = "") -> None:
         self.services = services
         self.limits = services.limits
         self.send = send
@@ -92,7 +92,8 @@ class Context:
         self.drop_slow_reader = drop_slow_reader
         self.draining = False
         self.source = Source.client(access.check_write if access.checks_writes else None,
-                                    None if rate is None else partial(rate.allow, EVENTS))
+                                    None if rate is None else partial(rate.allow, EVENTS), ip=ip,
+                                    pubkeys=access.pubkeys)
 
     def challenge(self) -> None:
         """Queue `["AUTH", <challenge>]` (NIP-42), once per connection."""
