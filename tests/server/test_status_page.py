@@ -84,7 +84,7 @@ async def test_a_browser_gets_a_page_of_the_relay_without_anything_private(tmp_p
     assert status == 200 and content_type == "text/html; charset=utf-8"
     assert page.title == page.h1 == "Test <relay>"
     text = " ".join(page.text)
-    assert "for people & tests" in text and "NIPs 1, 9, 11, 40, 42, 45, 50, 62, 77" in text and "up " in text
+    assert "for people & tests" in text and "NIPs 1, 9, 11, 40, 42, 45, 50, 62, 70, 77" in text and "up " in text
     assert {"kind 1": "2", "kind 0": "2", "kind 4": "1"} == {row[0]: row[1] for row in page.sections["events"]}
     assert [row[:2] for row in page.sections["peers"]] == [["peer 1", "down"]]
     projectors = {row[0]: row for row in page.sections["projectors"]}
