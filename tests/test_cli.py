@@ -187,6 +187,21 @@ def test_export_to_output_file_with_author_filter(imported, exported, tmp_path):
     assert [e["id"] for e in read_jsonl(out)] == [e["id"] for e in all_events if e["pubkey"] == author]
 
 
+def test_export_search_filter_exports_matches_and_is_refused_with_search_disabled(imported, exported):
+    """`--filter '{"search": ...}'` exports only events of indexed kinds holding the word; with `[search]
+    enabled = false` there is no index, so the filter is refused (exit 2), not a traceback."""
+    db, _, _ = imported
+    word = "bitcoin"
+    result = relay_cli("export", "--db", db, "--filter", json.dumps({"search": word, "kinds": [1]}))
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    assert events and all(e["kind"] == 1 and word in e["content"].lower() for e in events)
+    disabled = relay_cli("export", "--db", db, "--filter", json.dumps({"search": word}),
+                         env=clean_env(RELAY_SEARCH__ENABLED="false"))
+    assert disabled.returncode == 2 and "bad --filter: invalid: search is disabled" in disabled.stderr
+    assert disabled.stdout == ""
+
+
 @pytest.mark.parametrize("bad", ["not json", '{"kinds":"x"}'])
 def test_export_bad_filter_exits_2(tmp_path, bad):
     """A malformed `--filter` stops export with exit code 2 and a "bad --filter" message, writing nothing."""

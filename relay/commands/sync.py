@@ -29,12 +29,15 @@ def parse_sync_filter(filter_json: str) -> dict:
     """The `--filter` JSON as a filter object, checked like a REQ filter.
 
     Raises:
-        ValueError: not a valid NIP-01 filter, or it has a `limit` (meaningless for sync).
+        ValueError: not a valid NIP-01 filter, or it has a `limit` or a NIP-50 `search` (meaningless for sync).
     """
     try:
         obj = loads(filter_json)
-        if parse_filter(obj).limit is not None:
+        parsed = parse_filter(obj)
+        if parsed.limit is not None:
             raise ValueError("limit has no meaning for sync")
+        if parsed.search is not None:
+            raise ValueError("search has no meaning for sync (NIP-77 cannot reconcile it)")
     except Rejection as exc:
         raise ValueError(str(exc)) from None
     return obj

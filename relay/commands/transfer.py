@@ -182,9 +182,12 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None) ->
 
 
 async def run_export(config: Config, filter_json: str, output: Path | None) -> int:
-    """`relay export [--filter JSON]`: every matching live event as one JSON line, newest first."""
+    """`relay export [--filter JSON]`: every matching live event as one JSON line, newest first (a NIP-50
+    `search`: best scored first)."""
     try:
         f = parse_filter(loads(filter_json))
+        if f.search is not None and not config.search.enabled:
+            raise Rejection("invalid", "search is disabled ([search] enabled = false): there is no index to search")
     except Rejection as exc:
         print(f"relay export: bad --filter: {exc}", file=sys.stderr)
         return 2

@@ -259,6 +259,9 @@ async def test_cli_exits_nonzero_when_peer_is_unreachable(tmp_path):
     assert code == 2 and "not a ws:// or wss:// URL" in err
     code, _, err = await relay_cli_async("sync", "ws://127.0.0.1:1", "--db", config.store.path, "--filter", '{"limit":5}')
     assert code == 2 and "bad --filter: limit has no meaning for sync" in err
+    code, _, err = await relay_cli_async("sync", "ws://127.0.0.1:1", "--db", config.store.path,
+                                         "--filter", '{"search":"nostr"}')
+    assert code == 2 and "bad --filter: search has no meaning for sync" in err
 
 
 # --- settled refusals ----------------------------------------------------------------------------------
