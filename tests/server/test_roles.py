@@ -140,3 +140,17 @@ async def test_bad_params_get_200_with_an_invalid_error(managed, method, params)
     assert await result(managed.port, "listroles") == [
         {"id": "r", "label": "", "description": "", "color": "", "order": 0, "methods": [], "pubkeys": []}]
     assert await result(managed.port, "listmethodassignees") == []
+
+
+NIP86_METHODS = """supportedmethods banpubkey unbanpubkey listbannedpubkeys allowpubkey unallowpubkey listallowedpubkeys
+createrole editrole deleterole assignrole unassignrole assignmethod unassignmethod listmethodassignees
+listeventsneedingmoderation allowevent unallowevent banevent unbanevent listbannedevents listallowedevents
+changerelayname changerelaydescription changerelayicon allowkind disallowkind listallowedkinds listdisallowedkinds
+blockip unblockip listblockedips""".split()
+"""Every method NIP-86 (nostr-protocol/nips 86.md) lists."""
+
+
+async def test_supportedmethods_lists_every_method_nip86_lists(managed):
+    """An admin's supportedmethods names each method of NIP-86's list, each once."""
+    methods = await result(managed.port, "supportedmethods")
+    assert set(NIP86_METHODS) <= set(methods) and len(methods) == len(set(methods))
