@@ -13,8 +13,9 @@ apply to the next message on every connection once the answer is sent.
 `METHODS` lists them: NIP-86's, and ours (`trustpubkey`, `untrustpubkey`,
 `listtrustedpubkeys`: connections authenticated as a trusted pubkey are not
 rate limited; `listroles`, `assignrolemethod`, `unassignrolemethod`: roles
-carry grants).  Roles and grants are in the database (relay/store/roles.py).  The lists answer the effective rules: the configuration's
-kinds, writers and trusted pubkeys with the database's.
+carry grants).  Roles and grants are in the database (relay/store/roles.py).
+The lists answer the effective rules: the configuration's kinds, writers
+and trusted pubkeys with the database's.
 """
 
 from __future__ import annotations
