@@ -405,11 +405,6 @@ class AuthConfig:
     private_kinds: tuple[int, ...] = key((4, 1059), "kinds served only to their author or a p-tagged recipient",
                                          parse=_KINDS)
 
-    @property
-    def restricts_writes(self) -> bool:
-        """True when not everyone may publish every kind (NIP-11 `restricted_writes`)."""
-        return self.write != "all" or bool(self.allow_kinds or self.deny_kinds)
-
 
 def _rate(rate: float, what: str) -> Any:
     """The key of a per-connection token bucket's rate: `what` per second."""

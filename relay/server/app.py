@@ -242,4 +242,5 @@ async def _health(request: HttpRequest) -> HttpResponse:
 
 async def _nip11(config: Config, moderation: Moderation | None, request: HttpRequest) -> HttpResponse:
     overrides = moderation.info() if moderation is not None else None  # NIP-86 changerelayname, ...
-    return HttpResponse(HTTPStatus.OK, nip11.document(config, overrides), "application/nostr+json")
+    kinds = moderation.kinds if moderation is not None else None  # NIP-86 allowkind, disallowkind
+    return HttpResponse(HTTPStatus.OK, nip11.document(config, overrides, kinds), "application/nostr+json")

@@ -3,7 +3,8 @@
 How this works: `ManagementApi.handle` answers a POST whose Content-Type is
 `application/nostr+json+rpc` (else 415).  Its `Authorization` must hold a
 NIP-98 event (relay/protocol/nip98.py) naming `[server] public_url`, POST
-and this body's SHA-256, signed by a pubkey of `[admin] pubkeys`, not used
+and this body's SHA-256, signed by a pubkey of `[admin] pubkeys` (every
+method) or one granted the method called (relay/server/roles.py), not used
 before (else 401 with a JSON `error`).  The body is `{"method": ...,
 "params": [...]}`; the answer `{"result": ...}`, or `{"error": "<NIP-01
 prefix>: ..."}` with status 200 for an unknown method or bad params.  Each
@@ -11,15 +12,17 @@ method changes the moderation lists (relay/ingest/moderation.py), which
 apply to the next message on every connection once the answer is sent.
 `METHODS` lists them: NIP-86's, and ours (`trustpubkey`, `untrustpubkey`,
 `listtrustedpubkeys`: connections authenticated as a trusted pubkey are not
-rate limited).  The lists answer the effective rules: the configuration's
-kinds, writers and trusted pubkeys with the database's.
+rate limited; `listroles`, `assignrolemethod`, `unassignrolemethod`: roles
+carry grants).  Roles and grants are in the database (relay/store/roles.py).
+The lists answer the effective rules: the configuration's kinds, writers
+and trusted pubkeys with the database's.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from http import HTTPStatus
 
 import orjson
@@ -27,9 +30,11 @@ import structlog
 
 from relay.config import Config
 from relay.ingest.moderation import Moderation
-from relay.protocol.event import MAX_KIND, EventLimits, is_hex64
+from relay.protocol.event import MAX_KIND, EventLimits
 from relay.protocol.nip98 import check_http_auth
 from relay.protocol.rejection import Rejection
+from relay.server import roles
+from relay.server.rpc import Method, MethodError, hex64, param, pubkey
 from relay.server.wire.http import HttpRequest, HttpResponse, route_path
 from relay.store import moderation as lists
 
@@ -41,34 +46,16 @@ MAX_REPORTED = 1000
 """Events `listeventsneedingmoderation` returns at most."""
 
 
-class MethodError(ValueError):
-    """A call NIP-86 answers with `error` (status 200): the message carries its NIP-01 prefix."""
-
-
 def _json(status: HTTPStatus, body: dict) -> HttpResponse:
     return HttpResponse(status, orjson.dumps(body), CONTENT_TYPE)
 
 
-def _param(params: list, i: int, what: str, valid: Callable[[object], bool], optional: bool = False) -> object:
-    if len(params) <= i:
-        if optional:
-            return ""
-        raise MethodError(f"invalid: params[{i}] must be {what}")
-    if not valid(params[i]):
-        raise MethodError(f"invalid: params[{i}] must be {what}, got {params[i]!r:.80}")
-    return params[i]
-
-
-def _hex64(params: list, what: str) -> str:
-    return _param(params, 0, f"a 64-character lowercase hex {what}", is_hex64)
-
-
 def _reason(params: list) -> str:
-    return _param(params, 1, "a string (the reason)", lambda v: type(v) is str, optional=True)
+    return param(params, 1, "a string (the reason)", lambda v: type(v) is str, default="")
 
 
 def _kind(params: list) -> str:
-    return str(_param(params, 0, f"a kind from 0 to {MAX_KIND}", lambda v: type(v) is int and 0 <= v <= MAX_KIND))
+    return str(param(params, 0, f"a kind from 0 to {MAX_KIND}", lambda v: type(v) is int and 0 <= v <= MAX_KIND))
 
 
 def _is_ip(value: object) -> bool:
@@ -82,14 +69,11 @@ def _is_ip(value: object) -> bool:
 
 
 def _ip(params: list) -> str:
-    return str(ipaddress.ip_network(_param(params, 0, "an IP address or network", _is_ip), strict=False))
+    return str(ipaddress.ip_network(param(params, 0, "an IP address or network", _is_ip), strict=False))
 
 
 def _text(params: list) -> str:
-    return _param(params, 0, "a string", lambda v: type(v) is str and len(v) <= 4096)
-
-
-Method = Callable[[Moderation, list], Awaitable[object]]
+    return param(params, 0, "a string", lambda v: type(v) is str and len(v) <= 4096)
 
 
 async def _add(name: str, parse: Callable[[list], str], drop: tuple[str, ...], moderation: Moderation,
@@ -104,16 +88,12 @@ async def _remove(names: tuple[str, ...], parse: Callable[[list], str], moderati
     return True
 
 
-def _pubkey(params: list) -> str:
-    return _hex64(params, "pubkey")
-
-
 def _event_id(params: list) -> str:
-    return _hex64(params, "event id")
+    return hex64(params, "event id")
 
 
 async def _ban_pubkey(moderation: Moderation, params: list) -> bool:
-    await moderation.ban_pubkey(_pubkey(params), _reason(params))
+    await moderation.ban_pubkey(pubkey(params), _reason(params))
     return True
 
 
@@ -156,10 +136,10 @@ def _method(fn: Callable, *args) -> Method:
 
 METHODS: dict[str, Method] = {
     "banpubkey": _ban_pubkey,
-    "unbanpubkey": _method(_remove, (lists.BANNED_PUBKEY, lists.PURGE_PUBKEY), _pubkey),
+    "unbanpubkey": _method(_remove, (lists.BANNED_PUBKEY, lists.PURGE_PUBKEY), pubkey),
     "listbannedpubkeys": _lister(lists.BANNED_PUBKEY, "pubkey"),
-    "allowpubkey": _method(_add, lists.ALLOWED_PUBKEY, _pubkey, (lists.BANNED_PUBKEY, lists.PURGE_PUBKEY)),
-    "unallowpubkey": _method(_remove, (lists.ALLOWED_PUBKEY,), _pubkey),
+    "allowpubkey": _method(_add, lists.ALLOWED_PUBKEY, pubkey, (lists.BANNED_PUBKEY, lists.PURGE_PUBKEY)),
+    "unallowpubkey": _method(_remove, (lists.ALLOWED_PUBKEY,), pubkey),
     "listallowedpubkeys": _lister(lists.ALLOWED_PUBKEY, "pubkey"),
     "listeventsneedingmoderation": _needing_moderation,
     "allowevent": _method(_add, lists.ALLOWED_EVENT, _event_id, (lists.BANNED_EVENT,)),
@@ -179,8 +159,8 @@ METHODS: dict[str, Method] = {
     "unblockip": _method(_remove, (lists.BLOCKED_IP,), _ip),
     "listblockedips": _lister(lists.BLOCKED_IP, "ip"),
     # ours: a trusted pubkey's connections are not rate limited once authenticated (NIP-42)
-    "trustpubkey": _method(_add, lists.TRUSTED_PUBKEY, _pubkey, ()),
-    "untrustpubkey": _method(_remove, (lists.TRUSTED_PUBKEY,), _pubkey),
+    "trustpubkey": _method(_add, lists.TRUSTED_PUBKEY, pubkey, ()),
+    "untrustpubkey": _method(_remove, (lists.TRUSTED_PUBKEY,), pubkey),
     "listtrustedpubkeys": _lister(lists.TRUSTED_PUBKEY, "pubkey"),
 }
 """Every method but `supportedmethods`, by name: `await METHODS[name](moderation, params)` -> its result.
@@ -188,6 +168,7 @@ METHODS: dict[str, Method] = {
 Raises:
     MethodError: bad params.
 """
+METHODS.update(roles.methods(grantable=frozenset(METHODS)))  # admins hand out any of the above
 
 
 class ManagementApi:
@@ -204,39 +185,43 @@ class ManagementApi:
         self._used: dict[str, float] = {}  # auth event id -> unix time its window ends (no replay)
 
     async def handle(self, request: HttpRequest) -> HttpResponse:
-        """Answer one NIP-86 request: 415 for another Content-Type, 401 for bad auth, else 200 (see module)."""
+        """Answer one NIP-86 request: 415 for another Content-Type, 401 for bad auth or a method the signer may
+        not call, else 200 (see module)."""
         media_type = request.header("content-type").partition(";")[0].strip().lower()
         if media_type != CONTENT_TYPE:
             return _json(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": f"invalid: Content-Type must be {CONTENT_TYPE}"})
         try:
-            pubkey = self._authorize(request)
+            caller, allowed = await self._authorize(request)
+            method, params = _parse(request.body)
+            if allowed is not None and method in METHODS and method not in allowed:
+                raise Rejection("restricted", f"this pubkey may not call {method}")
+            result = await self._call(method, params, allowed)
         except Rejection as rejection:
             log.info("management_unauthorized", reason=str(rejection))
             return _json(HTTPStatus.UNAUTHORIZED, {"error": str(rejection)})
-        try:
-            method, params = _parse(request.body)
-            result = await self._call(method, params)
         except MethodError as exc:
             return _json(HTTPStatus.OK, {"result": None, "error": str(exc)})
-        log.info("management_call", method=method, pubkey=pubkey)
+        log.info("management_call", method=method, pubkey=caller)
         return _json(HTTPStatus.OK, {"result": result})
 
-    def _authorize(self, request: HttpRequest) -> str:
-        """The admin pubkey that signed `request`'s NIP-98 event; its id is then used up."""
+    async def _authorize(self, request: HttpRequest) -> tuple[str, frozenset[str] | None]:
+        """(the pubkey that signed `request`'s NIP-98 event, the methods it may call: None for an admin's
+        every method); the event's id is then used up."""
         now = time.time()
         event = check_http_auth(request.header("authorization"), self.url, request.method, request.body, now,
                                 self.max_age_seconds, self.limits)
-        if event.pubkey not in self.admins:
-            raise Rejection("restricted", "this pubkey is not an admin of this relay")
-        self._used = {i: end for i, end in self._used.items() if end >= now}  # only admins' events: few
+        allowed = None if event.pubkey in self.admins else await roles.permitted(self.moderation, event.pubkey)
+        if allowed is not None and not allowed:
+            raise Rejection("restricted", "this pubkey is not an admin of this relay and was granted no method")
+        self._used = {i: end for i, end in self._used.items() if end >= now}  # admins' and grantees': few
         if event.id in self._used:
             raise Rejection("invalid", "NIP-98: this auth event was used already")
         self._used[event.id] = event.created_at + self.max_age_seconds
-        return event.pubkey
+        return event.pubkey, allowed
 
-    async def _call(self, method: str, params: list) -> object:
-        if method == "supportedmethods":
-            return ["supportedmethods", *METHODS]
+    async def _call(self, method: str, params: list, allowed: frozenset[str] | None) -> object:
+        if method == "supportedmethods":  # NIP-86: what this caller may call
+            return ["supportedmethods", *(m for m in METHODS if allowed is None or m in allowed)]
         call = METHODS.get(method)
         if call is None:
             raise MethodError(f"invalid: unknown method {method!r:.80}")

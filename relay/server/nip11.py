@@ -9,6 +9,7 @@ import orjson
 
 from relay.config import Config
 from relay.protocol.information import SOFTWARE
+from relay.protocol.rules import KindRules
 
 SUPPORTED_NIPS = [1, 9, 11, 40, 42, 45, 62, 70]
 
@@ -20,9 +21,31 @@ def _version() -> str:
         return "0"
 
 
-def document(config: Config, overrides: Mapping[str, str] | None = None) -> bytes:
-    """The NIP-11 JSON document: identity from `[info]`, `limitation` from `[limits]`; `overrides` are NIP-86's
-    name, description and icon, which win over `[info]`."""
+MIN_POW_POLICY = "relay.policies.builtin:min_pow"
+
+
+def _write_limitation(config: Config, kinds: KindRules | None) -> dict:
+    """The NIP-11 `limitation` fields that follow the write rules in effect: `restricted_writes` when not every
+    client may publish every event (`[auth] write`, the kinds of `[auth]` and NIP-86 together: `kinds`, None
+    for `[auth]`'s alone, or a `[[policies]]` entry for clients), `min_pow_difficulty` (NIP-13) when the
+    shipped `min_pow` policy applies to every kind from clients.  Bans of given pubkeys or events are no
+    condition a client could meet: they leave `restricted_writes` alone."""
+    auth = config.auth
+    kinds = kinds or KindRules.of(auth.allow_kinds, auth.deny_kinds)
+    client_policies = [p for p in config.policies if "client" in p.sources]
+    fields: dict = {"restricted_writes": auth.write != "all" or kinds.allow is not None or bool(kinds.deny)
+                    or bool(client_policies)}
+    pow_bits = [p.options.get("bits", 20) for p in client_policies
+                if p.call == MIN_POW_POLICY and not p.options.get("kinds")]
+    if pow_bits:
+        fields["min_pow_difficulty"] = max(pow_bits)
+    return fields
+
+
+def document(config: Config, overrides: Mapping[str, str] | None = None, kinds: KindRules | None = None) -> bytes:
+    """The NIP-11 JSON document: identity from `[info]`, `limitation` from `[limits]` and the write rules in
+    effect (`kinds`: `[auth]`'s and NIP-86's together; see `_write_limitation`); `overrides` are NIP-86's name,
+    description and icon, which win over `[info]`."""
     info, limits, auth = config.info, config.limits, config.auth
     overrides = overrides or {}
     extra = ([77] if config.negentropy.enabled else []) + ([86] if config.admin.pubkeys else [])  # NEG-*, NIP-86
@@ -45,7 +68,7 @@ def document(config: Config, overrides: Mapping[str, str] | None = None) -> byte
             "created_at_upper_limit": limits.max_created_at_future_seconds,
             "auth_required": auth.write == "authenticated",  # NIP-42 AUTH needed before publishing
             "payment_required": False,
-            "restricted_writes": auth.restricts_writes,
+            **_write_limitation(config, kinds),
         },
     }
     if "icon" in overrides:
