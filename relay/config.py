@@ -574,6 +574,10 @@ class HttpConfig:
 
     status_page: bool = key(True, "a browser (Accept: text/html) asking for the relay's URL gets a status page",
                             restart=True)
+    tables: bool = key(False, "GET /tables and /tables/NAME: projected tables' rows as JSON, read-only",
+                       restart=True)
+    tables_max_limit: int = key(1000, "GET /tables/NAME: rows of one page at most (a larger limit is clamped)",
+                                unit="rows", min=1, restart=True)
 
 
 @dataclass(frozen=True)
