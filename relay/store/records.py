@@ -109,10 +109,10 @@ class TableView:
         page = self.query(conn, pk, None, 1, None)
         return page.rows[0] if page.rows else None
 
-    def query(self, conn: sqlite3.Connection, where: Mapping[str, object], order_by: str | None, limit: int,
+    def query(self, conn: sqlite3.Connection, where: Mapping[str, object], order_by: str | None, limit: int | None,
               after: str | None) -> Page:
         """Rows whose columns equal `where` (key or indexed columns), ordered by `order_by` (default: the key)
-        then the key, at most `limit` (>= 1) of them, starting after the cursor `after` (a `Page.next`).
+        then the key, at most `limit` (>= 1; None: all) of them, starting after the cursor `after` (a `Page.next`).
 
         Raises:
             RecordQueryError: naming the parameter (a column, "order_by", "after").
@@ -130,10 +130,10 @@ class TableView:
         sql = (f"SELECT {', '.join(quote(c) for c in columns)} FROM {quote(self.name)}"
                + (" WHERE " + " AND ".join(clauses) if clauses else "")
                + " ORDER BY " + ", ".join(quote(c) for c in order) + " LIMIT ?")
-        rows = conn.execute(sql, (*params, limit + 1)).fetchall()
+        rows = conn.execute(sql, (*params, -1 if limit is None else limit + 1)).fetchall()  # -1: no limit
         # The store's read connections give TEXT as bytes (relay/store/db.py); projected tables hold no BLOB.
         found = [{c: v.decode() if type(v) is bytes else v for c, v in zip(columns, row)} for row in rows[:limit]]
-        last = found[-1] if len(rows) > limit else None
+        last = found[-1] if limit is not None and len(rows) > limit else None
         return Page(found, None if last is None else encode_cursor([last[c] for c in order]))
 
     def _cursor(self, order: tuple[str, ...], after: str) -> list[object]:
