@@ -9,6 +9,7 @@ import json
 import random
 import urllib.error
 import urllib.parse
+from contextlib import asynccontextmanager
 
 from relay.store.projectors import ProjectorSpec
 from relay.store.records import RecordQueryError
@@ -21,6 +22,17 @@ DMS = ProjectorSpec(table="dms", kind=4, primary_key=("id",), indexes=(("recipie
                     fields=({"name": "id", "type": "TEXT", "source": "id"},
                             {"name": "recipient", "type": "TEXT", "source": "tag:p"},
                             {"name": "body", "type": "TEXT", "source": "content"}))
+
+
+@asynccontextmanager
+async def _running(config):
+    """A started in-process relay of `config`, stopped on exit."""
+    relay = Relay(config)
+    await relay.start()
+    try:
+        yield relay
+    finally:
+        await relay.stop()
 
 
 def _config(tmp_path, **sections):
@@ -44,12 +56,11 @@ def _profile(keys: Keys, nip05: str, created_at: int) -> dict:
 
 async def test_tables_lists_columns_key_and_indexes_without_private_kinds(tmp_path):
     """GET /tables names each projected table with its columns, key and indexes; a private kind's table is absent."""
-    relay = Relay(_config(tmp_path))
-    await relay.start()
-    try:
-        status, body = await _get(relay, "/tables")
-        assert status == 200
-        tables = {t["name"]: t for t in body["tables"]}
+    async with _running(_config(tmp_path)) as relay:
+        status, headers, raw = await asyncio.to_thread(http_get, relay.port, "/tables", {"Origin": "https://app"}, 5.0)
+        assert status == 200 and headers["Access-Control-Allow-Origin"] == "*"  # CORS as NIP-11's
+        assert headers["Content-Type"] == "application/json"
+        tables = {t["name"]: t for t in json.loads(raw)["tables"]}
         assert set(tables) == {"profiles", "follows", "relay_lists", "articles"}  # not dms (kind 4 is private)
         assert tables["follows"]["key"] == ["pubkey", "followed"]
         assert tables["profiles"]["indexes"] == [["nip05"]]
@@ -59,19 +70,24 @@ async def test_tables_lists_columns_key_and_indexes_without_private_kinds(tmp_pa
                                                           "parameter": "table"})
         # (the Python API of the application itself reads it)
         assert (await relay.node.records.query_records("profiles")).rows == []
-    finally:
-        await relay.stop()
+
+
+async def test_cors_preflight_for_a_table_names_get(tmp_path):
+    """A browser's preflight (OPTIONS with Access-Control-Request-Method) for /tables/NAME is answered 204, GET."""
+    async with _running(_config(tmp_path)) as relay:
+        reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+        writer.write(b"OPTIONS /tables/profiles?pubkey=x HTTP/1.1\r\nHost: h\r\nOrigin: https://app\r\n"
+                     b"Access-Control-Request-Method: GET\r\n\r\n")
+        head = (await reader.readuntil(b"\r\n\r\n")).decode().lower()
+        writer.close()
+        assert head.startswith("http/1.1 204") and "access-control-allow-methods: get\r\n" in head
 
 
 async def test_tables_are_off_by_default(tmp_path):
     """Without `[http] tables = true`, /tables is no route (404 off the relay's endpoint)."""
-    relay = Relay(make_config(tmp_path))
-    await relay.start()
-    try:
+    async with _running(make_config(tmp_path)) as relay:
         with_error = await asyncio.to_thread(_status_of, relay.port, "/tables")
         assert with_error == 404
-    finally:
-        await relay.stop()
 
 
 def _status_of(port: int, path: str) -> int:
@@ -83,9 +99,7 @@ def _status_of(port: int, path: str) -> int:
 
 async def test_bad_parameters_are_refused_naming_the_parameter(tmp_path):
     """Unknown or unindexed columns, an unindexed order, a bad limit or cursor: 400 with the parameter named."""
-    relay = Relay(_config(tmp_path))
-    await relay.start()
-    try:
+    async with _running(_config(tmp_path)) as relay:
         for query, parameter in (("name=n", "name"), ("nope=1", "nope"), ("order_by=about", "order_by"),
                                  ("order_by=nope", "order_by"), ("limit=0", "limit"), ("limit=x", "limit"),
                                  ("after=%21%21", "after"), ("after=WzFd", "after"), ("pubkey=a&pubkey=b", "pubkey")):
@@ -94,15 +108,11 @@ async def test_bad_parameters_are_refused_naming_the_parameter(tmp_path):
             assert body["error"].startswith("invalid: ")
         status, body = await _get(relay, "/tables/articles?published_at=soon")
         assert (status, body["parameter"]) == (400, "published_at")
-    finally:
-        await relay.stop()
 
 
 async def test_key_lookup_and_clamped_limit(tmp_path):
     """A key lookup answers that row; a limit past tables_max_limit is clamped to it; Python's get_record agrees."""
-    relay = Relay(_config(tmp_path))
-    await relay.start()
-    try:
+    async with _running(_config(tmp_path)) as relay:
         author = Keys(7)
         follows = [Keys(100 + i).pubkey for i in range(60)]
         await store_events(relay.store, [author.sign(3, "", [["p", p] for p in follows])])
@@ -118,16 +128,12 @@ async def test_key_lookup_and_clamped_limit(tmp_path):
             raise AssertionError("a partial key was accepted")
         except RecordQueryError as exc:
             assert exc.parameter == "followed"
-    finally:
-        await relay.stop()
 
 
 async def test_pages_joined_hold_every_unchanged_row_once_in_order_while_rows_are_written(tmp_path):
     """Walking /tables/profiles by nip05 while profiles are added and changed: every row unchanged during the
     walk comes exactly once, the pages are in (nip05, pubkey) order, a changed row at most once per version."""
-    relay = Relay(_config(tmp_path))
-    await relay.start()
-    try:
+    async with _running(_config(tmp_path)) as relay:
         rng = random.Random(19)
         authors = [Keys(1000 + i) for i in range(300)]
         start = 1_700_000_000
@@ -164,18 +170,12 @@ async def test_pages_joined_hold_every_unchanged_row_once_in_order_while_rows_ar
         unchanged = {k.pubkey for k in authors} - changed
         assert changed and unchanged
         assert all(seen.count(p) == 1 for p in unchanged)
-    finally:
-        await relay.stop()
 
 
 async def test_table_reads_are_rate_limited_like_req(tmp_path):
     """A client IP past its REQ bucket gets 429 with a `rate-limited:` error."""
-    relay = Relay(_config(tmp_path, rate_limits={"exempt": [], "exempt_loopback": False, "ip_reqs_per_second": 0.01,
-                                                 "ip_reqs_burst": 3}))
-    await relay.start()
-    try:
+    async with _running(_config(tmp_path, rate_limits={"exempt": [], "exempt_loopback": False, "ip_reqs_per_second": 0.01,
+                                                 "ip_reqs_burst": 3})) as relay:
         statuses = [(await _get(relay, "/tables/profiles"))[0] for _ in range(3)]
         status, body = await _get(relay, "/tables")
         assert statuses == [200, 200, 200] and status == 429 and body["error"].startswith("rate-limited:")
-    finally:
-        await relay.stop()

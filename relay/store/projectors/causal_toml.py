@@ -40,14 +40,7 @@ def causal_from_dict(label: str, data: object) -> CausalSpec:
         SpecError: the message starts with `label.<key>`: an unknown or missing key, a wrong type, a
         function that cannot be imported, or an invalid spec.
     """
-    if not isinstance(data, dict):
-        raise SpecError(f"{label}: must be a table")
-    for key in data:
-        if key not in _KEYS:
-            raise SpecError(f"{label}.{key}: unknown key")
-    for key in ("name", "kind", "tables", "apply"):
-        if key not in data:
-            raise SpecError(f"{label}.{key}: missing")
+    _check_keys(label, data, _KEYS, ("name", "kind", "tables", "apply"))
     for key, expected in (("name", str), ("kind", int), ("log_tag", str), ("seq_tag", str), ("prev_tag", str),
                           ("apply", str), ("revision", int), ("protected", bool), ("tables", list)):
         if key in data and type(data[key]) is not expected:
@@ -59,6 +52,18 @@ def causal_from_dict(label: str, data: object) -> CausalSpec:
                           apply=resolve(f"{label}.apply", data["apply"]), **optional)
     except SpecError as exc:
         raise SpecError(f"{label}: {exc}") from None
+
+
+def _check_keys(label: str, data: object, known: set[str], required: tuple[str, ...]) -> None:
+    """`data` is a table with only `known` keys and every `required` one; else SpecError naming the key."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{label}: must be a table with the keys {', '.join(required)}")
+    unknown = next((key for key in data if key not in known), None)
+    if unknown is not None:
+        raise SpecError(f"{label}.{unknown}: unknown key")
+    missing = next((key for key in required if key not in data), None)
+    if missing is not None:
+        raise SpecError(f"{label}.{missing}: missing")
 
 
 def resolve(label: str, reference: str) -> Any:
@@ -81,11 +86,7 @@ def resolve(label: str, reference: str) -> Any:
 
 def _table(label: str, data: object) -> tuple[str, str]:
     """(table name, column definitions SQL) of one `tables` entry."""
-    if not isinstance(data, dict):
-        raise SpecError(f"{label}: must be a table {{name, columns}}")
-    for key in data:
-        if key not in _TABLE_KEYS:
-            raise SpecError(f"{label}.{key}: unknown key")
+    _check_keys(label, data, _TABLE_KEYS, ("name", "columns"))
     name, columns = data.get("name"), data.get("columns")
     if type(name) is not str or not _IDENTIFIER.fullmatch(name):
         raise SpecError(f"{label}.name: must be a lowercase SQL identifier, got {name!r}")
