@@ -161,7 +161,8 @@ class Records:
     transaction per call: the Python API of records (`Node.records`).
 
     `specs` are the store's projectors (causal ones are left out: their tables declare no key to page by);
-    `private_kinds`' tables are left out too (None: serve every table).
+    the tables of `private_kinds` are left out too (the HTTP API passes `[auth] private_kinds`; the default
+    serves every table).
     """
 
     def __init__(self, store: Store, specs: Iterable[object], private_kinds: Iterable[int] = ()) -> None:
