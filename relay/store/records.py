@@ -3,9 +3,11 @@
 How this works.  A `TableView` describes one projected table from its
 `ProjectorSpec`: its columns and types, its key (the storage class's key,
 `ProjectorSpec.key_columns`) and its indexes.  Only the key's and the
-indexes' columns may be asked for (equality, bound parameters) or ordered by,
-so every read is an index search, never a scan of a large table picked by a
-client.
+indexes' columns may be matched (equality, bound parameters), and only so
+that an index serves the read: the columns matched include the first column
+of the key or of an index, and the order is the next column of such an
+index after the columns matched (`follows?pubkey=A&order_by=followed`), so
+a page never sorts or scans a large table picked by a client.
 
 Keyset pagination: a page is ordered by (order column, key columns...),
 which is a total order since the key is unique; its `next` cursor holds the
@@ -117,11 +119,11 @@ class TableView:
         Raises:
             RecordQueryError: naming the parameter (a column, "order_by", "after").
         """
-        order = self._order(order_by)
         clauses, params = [], []
         for column, value in where.items():
             clauses.append(f"{quote(column)} = ?")
             params.append(self.value(column, value))
+        order = self._order(order_by, set(where))
         if after is not None:
             clause, values = _after(order, self._cursor(order, after))
             clauses.append(clause)
@@ -145,15 +147,30 @@ class TableView:
                 raise RecordQueryError("after", "not a cursor of this table and order")
         return values
 
-    def _order(self, order_by: str | None) -> tuple[str, ...]:
+    def _order(self, order_by: str | None, matched: set[str]) -> tuple[str, ...]:
+        """(order column, key columns...) once an index serves the match and the order (module docstring)."""
+        indexes = (self.key, *self.indexes)
+        if matched and not any(ix[0] in matched for ix in indexes):
+            raise RecordQueryError(next(iter(matched)), "an index must serve the match: match also one of "
+                                   + ", ".join(dict.fromkeys(ix[0] for ix in indexes)))
         if order_by is None:
             return self.key
         if order_by not in self.columns:
             raise RecordQueryError("order_by", f"no column {order_by!r} in {self.name}")
-        if order_by not in self.searchable:
-            raise RecordQueryError("order_by", f"{order_by!r} is not the key or an indexed column (columns: "
-                                   + ", ".join(self.searchable) + ")")
+        # an index orders by its next column after the leading ones matched
+        ordered = {c for ix in indexes for c in ix[:_leading(ix, matched) + 1]}
+        if order_by not in ordered:
+            raise RecordQueryError("order_by", f"no index orders {self.name} by {order_by!r} here (order by one of "
+                                   + ", ".join(c for c in self.columns if c in ordered) + ")")
         return (order_by, *(c for c in self.key if c != order_by))
+
+
+def _leading(index: tuple[str, ...], matched: set[str]) -> int:
+    """How many leading columns of `index` are matched with equality."""
+    count = 0
+    while count < len(index) and index[count] in matched:
+        count += 1
+    return count
 
 
 class Records:

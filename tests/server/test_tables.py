@@ -106,8 +106,11 @@ async def test_bad_parameters_are_refused_naming_the_parameter(tmp_path):
             status, body = await _get(relay, "/tables/profiles?" + query)
             assert (status, body.get("parameter")) == (400, parameter), (query, body)
             assert body["error"].startswith("invalid: ")
-        status, body = await _get(relay, "/tables/articles?published_at=soon")
-        assert (status, body["parameter"]) == (400, "published_at")
+        for path, parameter in (("articles?published_at=soon", "published_at"),
+                                ("follows?followed=" + "a" * 64, "followed"),  # no index starts with it
+                                ("follows?order_by=followed", "order_by")):  # would sort the whole table
+            status, body = await _get(relay, "/tables/" + path)
+            assert (status, body["parameter"]) == (400, parameter), body
 
 
 async def test_key_lookup_and_clamped_limit(tmp_path):
