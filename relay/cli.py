@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 from pathlib import Path
@@ -114,11 +115,44 @@ def _projector_parsers(commands, common: argparse.ArgumentParser) -> None:
     query.add_argument("table", help="a projected table, e.g. profiles")
     query.add_argument("--where", help="an SQL condition, e.g. \"name LIKE 'a%%'\" (read-only connection)")
     query.add_argument("--limit", type=int, help="rows to print at most (default: all)")
+    query.add_argument("--pk", type=_json_object, help="the row whose key is this JSON object, e.g. "
+                       "'{\"pubkey\": \"ab...\"}' (a declared projector's table)")
+    query.add_argument("--param", action="append", type=_param, default=[], metavar="COL=VALUE",
+                       help="rows whose key or indexed column COL equals VALUE (repeatable; bound, not SQL)")
+    query.add_argument("--order-by", metavar="COL", help="order by this key or indexed column, then the key")
+    query.add_argument("--after", metavar="CURSOR", help="the page after this cursor (printed on stderr by the "
+                       "previous page when --limit cut it)")
     shape = query.add_mutually_exclusive_group()
     shape.add_argument("--json", dest="output", action="store_const", const="json",
                        help="one JSON object per line instead of tab-separated")
     shape.add_argument("--csv", dest="output", action="store_const", const="csv", help="CSV (RFC 4180) with a header")
     query.set_defaults(output="tsv")
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if type(value) is not dict:
+        raise argparse.ArgumentTypeError(f"expected a JSON object of key columns, got {text!r}")
+    return value
+
+
+def _param(text: str) -> tuple[str, str]:
+    column, sep, value = text.partition("=")
+    if not sep or not column:
+        raise argparse.ArgumentTypeError(f"expected COL=VALUE, got {text!r}")
+    return column, value
+
+
+def _keyset(args: argparse.Namespace):
+    """`relay query`'s bound-parameter options as a KeysetQuery (None: none given)."""
+    from relay.commands.projectors import KeysetQuery
+
+    if args.pk is None and not args.param and args.order_by is None and args.after is None:
+        return None
+    return KeysetQuery(args.pk, dict(args.param), args.order_by, args.after)
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -222,7 +256,12 @@ def _run_projector_command(config: Config, args: argparse.Namespace) -> int:
     if args.command == "verify":
         return pc.run_verify(config)
     if args.command == "query":
-        return pc.run_query(config, args.table, args.where, args.output, args.limit)
+        keyset = _keyset(args)
+        if keyset is not None and (args.where or (args.pk is not None and (args.param or args.order_by or args.after))):
+            print("relay query: --where (SQL) and --pk (one row) go alone; --param, --order-by and --after go "
+                  "together", file=sys.stderr)
+            return 2
+        return pc.run_query(config, args.table, args.where, args.output, args.limit, keyset)
     if args.action == "list":
         return pc.run_projectors_list(config)
     if args.action == "rebuild":

@@ -29,6 +29,8 @@ from relay.protocol.event import EventLimits
 from relay.protocol.filters import MAX_SEARCH_BYTES
 from relay.store.projectors.builtin import builtin_projectors  # [[projectors]]
 from relay.store.projectors.engine import MAX_REFUSALS, REBUILD_BATCH
+from relay.store.projectors.causal import CausalSpec  # [[causal_projectors]]
+from relay.store.projectors.causal_toml import parse_causal  # [[causal_projectors]]
 from relay.store.projectors.spec import ProjectorSpec, SpecError, parse_specs  # [[projectors]]
 from relay.store.search import DEFAULT_SEARCH_KINDS
 from relay.store.store import StoreOptions
@@ -569,6 +571,10 @@ class HttpConfig:
 
     status_page: bool = key(True, "a browser (Accept: text/html) asking for the relay's URL gets a status page",
                             restart=True)
+    tables: bool = key(False, "GET /tables and /tables/NAME: projected tables' rows as JSON, read-only",
+                       restart=True)
+    tables_max_limit: int = key(1000, "GET /tables/NAME: rows of one page at most (a larger limit is clamped)",
+                                unit="rows", min=1, restart=True)
 
 
 @dataclass(frozen=True)
@@ -589,12 +595,14 @@ class Config:
     retention: RetentionConfig = _section(RetentionConfig, restart=True)
     http: HttpConfig = _section(HttpConfig)
     # [[projectors]]: an array of tables, not a section; absent from the file means the built-in ones.
-    projectors: tuple[ProjectorSpec, ...] = field(default_factory=builtin_projectors)
+    # Then the [[causal_projectors]] (relay/store/projectors/causal_toml.py): one list, as the store keeps them.
+    projectors: tuple[ProjectorSpec | CausalSpec, ...] = field(default_factory=builtin_projectors)
     # [[policies]]: write policies, from the file only; none by default.
     policies: tuple[PolicyConfig, ...] = ()
 
 
-_TABLE_ARRAYS = ("projectors", "policies")  # top-level arrays of tables ([[projectors]]), from the file only
+# top-level arrays of tables ([[projectors]]), from the file only
+_TABLE_ARRAYS = ("projectors", "policies", "causal_projectors")
 _SQLITE_MAX_LENGTH = 1_000_000_000  # SQLite's default bound on one string or blob (bytes)
 
 
@@ -659,6 +667,14 @@ def _parse_projectors(value: Any) -> tuple[ProjectorSpec, ...]:
         raise ConfigError(f"projectors: {exc}") from None
 
 
+def _parse_causal_projectors(value: Any) -> tuple[CausalSpec, ...]:
+    """`[[causal_projectors]]` tables into specs (their `apply` imported); raises ConfigError naming the key."""
+    try:
+        return parse_causal(value)
+    except SpecError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _merge_file(values: dict[str, dict[str, Any]], data: dict[str, Any]) -> None:
     for section, table in data.items():
         if section == "projectors":
@@ -666,6 +682,9 @@ def _merge_file(values: dict[str, dict[str, Any]], data: dict[str, Any]) -> None
             continue
         if section == "policies":
             values["policies"] = _parse_policies(table)  # type: ignore[assignment]
+            continue
+        if section == "causal_projectors":
+            values["causal_projectors"] = _parse_causal_projectors(table)  # type: ignore[assignment]
             continue
         if section not in sections():
             raise ConfigError(f"{section}: unknown section")
@@ -712,13 +731,26 @@ def load_config(
         for key, value in table.items():
             if value is not None:
                 values[section][key] = _check_value(section, key, value)
+    projectors = values.get("projectors", builtin_projectors()) + values.get("causal_projectors", ())
     config = Config(**{name: cls(**values[name]) for name, cls in sections().items()},
-                    projectors=values.get("projectors", builtin_projectors()), policies=values.get("policies", ()))
+                    projectors=projectors, policies=values.get("policies", ()))
     _check_consistency(config)
     return config
 
 
+def _check_projector_names(projectors: tuple[ProjectorSpec | CausalSpec, ...]) -> None:
+    """A causal projector's name and tables must not be a [[projectors]] table's (one table, one writer)."""
+    taken: set[str] = set()
+    for spec in projectors:
+        names = {spec.name, *spec.table_names}
+        if names & taken:
+            raise ConfigError(f"causal_projectors: {spec.name!r}: name or table {sorted(names & taken)[0]!r} is "
+                              "taken by another projector")
+        taken |= names
+
+
 def _check_consistency(config: Config) -> None:
+    _check_projector_names(config.projectors)
     limits = config.limits
     if limits.default_limit > limits.max_limit:
         raise ConfigError("limits.default_limit: must not exceed limits.max_limit")

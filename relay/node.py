@@ -45,6 +45,7 @@ from relay.server.wire.http import HttpRequest, HttpResponse
 from relay.status_page import StatusPage
 from relay.store.location import DatabaseUnusable, check_location
 from relay.store.projectors.engine import ProjectorHook
+from relay.store.records import Records
 from relay.store.store import Store
 from relay.store.writes import Changes
 from relay.sync.scheduler import Scheduler, node_key, start_sync
@@ -80,6 +81,7 @@ class Node:
         self.config = config
         self.metrics = Metrics()
         self.store: Store | None = None
+        self.records: Records | None = None  # the Python API of records (relay/store/records.py), once started
         self.ingest: Ingest | None = None
         self.moderation: Moderation | None = None
         self.server: RelayServer | None = None
@@ -99,6 +101,7 @@ class Node:
         if config.sync.peers:  # the key peers' AUTH needs, checked before anything opens or listens
             node_key(config)
         self.store = store = await open_store(config)
+        self.records = Records(store, config.projectors)  # reading rows: get_record, query_records
         store.add_listener(self._on_commit)
         store.on_batch = self.metrics.writer_batch
         self.moderation = await Moderation.open(store, config, runs_purges=True)  # (resumes purges cut short)

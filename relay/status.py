@@ -71,7 +71,7 @@ def projector_states(conn: sqlite3.Connection, config: Config) -> list[dict]:
     refused = dict(conn.execute("SELECT projector, count(*) FROM projector_refusals GROUP BY projector")
                    .fetchall()) if has_refusal_log(conn) else {}
     found = [_state(conn, spec.name, spec.kind, spec.revision, refused, pending_reason(spec, records.get(spec.name),
-                                                                                      conn), (spec.table,))
+                                                                                      conn), spec.table_names)
              for spec in config.projectors]
     configured = {s.name for s in config.projectors}
     for name, record in sorted(records.items()):

@@ -11,7 +11,9 @@ import csv
 import sqlite3
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from contextlib import closing
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -25,6 +27,7 @@ from relay.store.projectors.causal import CausalSpec
 from relay.store.projectors.engine import force_rebuild
 from relay.store.projectors.tables import ensure_store_tables, quote, read_meta, table_exists
 from relay.store.projectors.verify import verify
+from relay.store.records import Page, RecordQueryError, TableView, views
 from relay.status import has_refusal_log, projector_states, recent_refusals
 
 SHOWN_PER_KIND = 10  # keys listed per table and per kind of problem
@@ -179,14 +182,19 @@ def tsv_field(value: object) -> str:
     return "\\N" if value is None else str(value).translate(_TSV_ESCAPES)
 
 
-def run_query(config: Config, table: str, where: str | None, output: str, limit: int | None) -> int:
-    """`relay query TABLE [--where SQL] [--json | --csv] [--limit N]`: rows of a projected table.
+def run_query(config: Config, table: str, where: str | None, output: str, limit: int | None,
+              keyset: KeysetQuery | None = None) -> int:
+    """`relay query TABLE [--where SQL | --pk JSON | --param COL=VALUE... --order-by COL --after CURSOR]
+    [--json | --csv] [--limit N]`: rows of a projected table.
 
     `output` "tsv": tab-separated with a header line, one line per row
     (`tsv_field`); "csv": RFC 4180 with a header line (NULL is an empty
     field); "json": one JSON object per line.  `--where` is an SQL
-    expression run on a read-only connection.
-    Returns 2 for a table that is not projected or a bad expression.
+    expression run on a read-only connection; `keyset` reads a declared
+    projector's rows by key or indexed columns with bound parameters
+    (relay/store/records.py), and when more rows follow, prints the `--after`
+    cursor of the next page on stderr.
+    Returns 2 for a table that is not projected, a bad expression or a bad parameter (named).
     """
     conn = open_readonly(config.store.path)
     if conn is None:
@@ -198,6 +206,8 @@ def run_query(config: Config, table: str, where: str | None, output: str, limit:
             print(f"relay query: {table!r} is not a projected table (known: {', '.join(sorted(known)) or 'none'})",
                   file=sys.stderr)
             return 2
+        if keyset is not None:
+            return _keyset_query(conn, views(config.projectors).get(table), keyset, output, limit)
         sql = f"SELECT * FROM {quote(table)}"
         if where:
             sql += f" WHERE {where}"
@@ -208,18 +218,53 @@ def run_query(config: Config, table: str, where: str | None, output: str, limit:
         except sqlite3.Error as exc:
             print(f"relay query: {exc}", file=sys.stderr)
             return 2
-        columns = [d[0] for d in cursor.description]
-        if output == "csv":
-            rows = csv.writer(sys.stdout, lineterminator="\n")
-            rows.writerow(columns)
-            rows.writerows(cursor)
-            return 0
-        out = sys.stdout.buffer
-        if output == "tsv":
-            out.write("\t".join(map(tsv_field, columns)).encode() + b"\n")
-        for row in cursor:
-            if output == "json":
-                out.write(orjson.dumps(dict(zip(columns, row))) + b"\n")
-            else:
-                out.write("\t".join(map(tsv_field, row)).encode() + b"\n")
+        _print_rows([d[0] for d in cursor.description], cursor, output)
     return 0
+
+
+@dataclass(frozen=True)
+class KeysetQuery:
+    """`relay query`'s bound-parameter options: `pk` (the whole key) or `params` (column -> value), `order_by`,
+    `after` (a cursor printed by an earlier page)."""
+
+    pk: dict[str, object] | None
+    params: dict[str, object]
+    order_by: str | None
+    after: str | None
+
+
+def _keyset_query(conn: sqlite3.Connection, view: TableView | None, query: KeysetQuery, output: str,
+                  limit: int | None) -> int:
+    if view is None:
+        print("relay query: --pk, --param, --order-by and --after read declared projectors' tables only "
+              "(use --where for this one)", file=sys.stderr)
+        return 2
+    try:
+        if query.pk is not None:
+            row = view.get(conn, query.pk)
+            page = Page([row] if row is not None else [], None)
+        else:
+            page = view.query(conn, query.params, query.order_by, limit, query.after)
+    except RecordQueryError as exc:
+        print(f"relay query: {exc}", file=sys.stderr)
+        return 2
+    _print_rows(list(view.columns), ([row[c] for c in view.columns] for row in page.rows), output)
+    if page.next is not None:
+        print(f"relay query: more rows follow: --after {page.next}", file=sys.stderr)
+    return 0
+
+
+def _print_rows(columns: list[str], rows: Iterable[Sequence[object]], output: str) -> None:
+    if output == "csv":
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows(rows)
+        return
+    out = sys.stdout.buffer
+    if output == "tsv":
+        out.write("\t".join(map(tsv_field, columns)).encode() + b"\n")
+    for row in rows:
+        if output == "json":
+            out.write(orjson.dumps(dict(zip(columns, row))) + b"\n")
+        else:
+            out.write("\t".join(map(tsv_field, row)).encode() + b"\n")

@@ -35,6 +35,7 @@ from relay.server.negentropy import NegentropyService
 from relay.server.ratelimit import TOO_MANY_CONNECTIONS, RateLimits
 from relay.server.search import live_search
 from relay.server.subscriptions import SubscriptionIndex
+from relay.server.tables import TablesApi
 from relay.server.wire.handshake import RoutedServerConnection
 from relay.server.wire.http import Handler, HttpRequest, HttpResponse, Routes
 from relay.server.wire.websocket import reset
@@ -182,6 +183,8 @@ class RelayServer:
         if self.moderation is not None and self.config.admin.pubkeys:  # NIP-86 with NIP-98 (server/management.py)
             management = ManagementApi(self.config, self.moderation, self.event_limits)
             routes.add("POST", management.path, management.handle)
+        if self.config.http.tables:  # records, read-only (server/tables.py)
+            TablesApi(self.config, self.store, self.rate_limits).add_routes(routes)
         return routes
 
     def slow_reader_dropped(self, **fields) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from http import HTTPStatus
 from typing import Any
 
@@ -99,7 +100,8 @@ class RoutedServerConnection(ServerConnection):
 
     async def _answer(self, decision: Answer) -> HttpResponse:
         try:
-            return await decision.route.handler(decision.request)
+            peer = self.remote_address[0] if self.remote_address else ""  # the client's IP, for rate limits
+            return await decision.route.handler(dataclasses.replace(decision.request, peer=peer))
         except Exception as exc:  # the one broad catch of an HTTP request: a bug answers 500
             log.error("http_request_failed", path=decision.request.path, error=repr(exc), exc_info=exc)
             return HttpResponse(HTTPStatus.INTERNAL_SERVER_ERROR, b"internal error\n", "text/plain")

@@ -50,13 +50,14 @@ PREFLIGHT_MAX_AGE = "86400"
 @dataclass(frozen=True, slots=True)
 class HttpRequest:
     """One plain HTTP request: `path` is the target without its query string; `headers` hold lowercase
-    names in the order received; `body` is empty without one."""
+    names in the order received; `body` is empty without one; `peer` is the socket's peer address ("" unknown)."""
 
     method: str
     path: str
     target: str
     headers: tuple[tuple[str, str], ...]
     body: bytes = b""
+    peer: str = ""
 
     def header(self, name: str) -> str:
         """The values of the header fields called `name` (lowercase), joined with ", " ("" when absent)."""
@@ -80,12 +81,14 @@ Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """`method` requests for `path` (ANY_PATH: every path) whose Accept header names `accept` (None: any)."""
+    """`method` requests for `path` (ANY_PATH: every path; with `prefix`, every path that starts with it)
+    whose Accept header names `accept` (None: any)."""
 
     method: str
     path: str
     handler: Handler
     accept: str | None = None
+    prefix: bool = False
 
     def matches(self, method: str, path: str, accept: str) -> bool:
         """Whether this route answers a `method` request for `path` with that Accept header."""
@@ -93,7 +96,7 @@ class Route:
 
     def serves(self, path: str) -> bool:
         """Whether this route is for `path` (whatever the method)."""
-        return self.path in (path, ANY_PATH)
+        return self.path in (path, ANY_PATH) or (self.prefix and path.startswith(self.path))
 
 
 def accepts(accept: str, media_type: str) -> bool:
@@ -124,9 +127,9 @@ class Routes:
         self._routes: list[Route] = []
         self._endpoints = None if endpoints is None else frozenset(endpoints)
 
-    def add(self, method: str, path: str, handler: Handler, accept: str | None = None) -> None:
+    def add(self, method: str, path: str, handler: Handler, accept: str | None = None, prefix: bool = False) -> None:
         """Answer `method` requests for `path` with `handler` (see `Route`); earlier routes take precedence."""
-        self._routes.append(Route(method, path, handler, accept))
+        self._routes.append(Route(method, path, handler, accept, prefix))
 
     def find(self, request: HttpRequest) -> Route | None:
         """The first route that answers `request` (its body is not needed); None: no route does."""

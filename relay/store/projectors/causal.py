@@ -8,11 +8,14 @@ function of the operations stored:
 
     chain[0] = the lowest id among operations at seq 0
     chain[n] = the lowest id among operations at seq n whose back-link is chain[n-1]
+               and whose created_at is not earlier than chain[n-1]'s
     (the chain stops at the first n with no such operation)
 
 Every other operation has a state, kept in `causal_ops`:
     lost     a fork loser: its back-link is right, a lower id took its place
-    held     its back-link names an operation that is not applied (a losing branch)
+    held     its back-link names an operation that is not applied (a losing branch),
+             or it is backdated: its created_at is earlier than its predecessor's
+             (the fleetmesh seed refuses backdated operations)
     waiting  a gap: the operation before it has not arrived (or is not applied) yet
 
 Each write transaction re-settles the logs it touched: when the applied
@@ -36,7 +39,7 @@ import hashlib
 import re
 import sqlite3
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import orjson
@@ -155,8 +158,9 @@ def create_tables(conn: sqlite3.Connection | sqlite3.Cursor, spec: CausalSpec, d
             conn.execute(f"CREATE INDEX {quote(table + '__log_author')} ON {quote(table)} (_log, _author)")
 
 
-def chain_of(ops: Iterable[tuple[int, str, str | None]]) -> list[str]:
-    """The applied chain (event ids by seq) of one log's operations given as (seq, event_id, prev)."""
+def chain_of(ops: Iterable[tuple[int, str, str | None]], created_at: Mapping[str, int] | None = None) -> list[str]:
+    """The applied chain (event ids by seq) of one log's operations given as (seq, event_id, prev);
+    with `created_at` (event id -> unix seconds), a backdated operation never extends it."""
     by_seq: dict[int, list[tuple[str, str | None]]] = defaultdict(list)
     for seq, event_id, prev in ops:
         by_seq[seq].append((event_id, prev))
@@ -164,33 +168,43 @@ def chain_of(ops: Iterable[tuple[int, str, str | None]]) -> list[str]:
     previous = None
     while True:
         # A fork: the lowest event id among operations whose back-link is the applied one wins.
-        candidates = [event_id for event_id, prev in by_seq.get(len(chain), ()) if prev == previous]
+        candidates = [event_id for event_id, prev in by_seq.get(len(chain), ())
+                      if prev == previous and not backdated(event_id, previous, created_at)]
         if not candidates:
             return chain
         previous = min(candidates)
         chain.append(previous)
 
 
-def state_of(seq: int, event_id: str, prev: str | None, chain: list[str]) -> str:
-    """An operation's state against its log's applied `chain` (module docstring)."""
+def backdated(event_id: str, previous: str | None, created_at: Mapping[str, int] | None) -> bool:
+    """Whether operation `event_id` was signed earlier than its predecessor `previous` (None at seq 0: never)."""
+    return created_at is not None and previous is not None and created_at[event_id] < created_at[previous]
+
+
+def state_of(seq: int, event_id: str, prev: str | None, chain: list[str],
+             created_at: Mapping[str, int] | None = None) -> str:
+    """An operation's state against its log's applied `chain` (module docstring; `created_at` as for `chain_of`)."""
     if seq < len(chain) and chain[seq] == event_id:
         return APPLIED
     if seq > len(chain):
         return WAITING
     expected_prev = chain[seq - 1] if seq > 0 else None
-    return LOST if prev == expected_prev else HELD
+    return LOST if prev == expected_prev and not backdated(event_id, prev, created_at) else HELD
 
 
 class CausalEngine:
     """Maintains one causal projector's tables and `causal_ops` rows inside write transactions.
 
     `load_event(conn, event_id_hex)` returns the stored Event of an operation
-    (by default read from `events`; verification replays from memory).
+    and `load_created_at(conn, event_ids_hex)` their created_at by id (by
+    default read from `events`; verification replays from memory).
     """
 
-    def __init__(self, spec: CausalSpec, load_event: Callable[[sqlite3.Connection, str], Event] | None = None) -> None:
+    def __init__(self, spec: CausalSpec, load_event: Callable[[sqlite3.Connection, str], Event] | None = None,
+                 load_created_at: Callable[[sqlite3.Connection, list[str]], dict[str, int]] | None = None) -> None:
         self.spec = spec
         self.load_event = load_event or _load_stored_event
+        self.load_created_at = load_created_at or _stored_created_at
 
     def remove(self, conn: sqlite3.Connection, event_ids: list[str]) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
         """Forget operations whose events left the store.
@@ -234,7 +248,8 @@ class CausalEngine:
         ops = conn.execute("SELECT seq, event_id, prev, state FROM causal_ops WHERE projector = ? AND log_id = ?"
                            " AND author = ? ORDER BY seq, event_id", (name, log_id, author)).fetchall()
         applied = [event_id for _, event_id, _, state in ops if state == APPLIED]
-        chain = chain_of((seq, event_id, prev) for seq, event_id, prev, _ in ops)
+        created_at = self.load_created_at(conn, [event_id for _, event_id, _, _ in ops])
+        chain = chain_of(((seq, event_id, prev) for seq, event_id, prev, _ in ops), created_at)
         if not reset and chain[:len(applied)] == applied:
             todo = chain[len(applied):]
         else:
@@ -246,13 +261,11 @@ class CausalEngine:
             self._apply(conn, log_id, author, seqs[event_id], event_id, refusals)
         changed = []
         for seq, event_id, prev, old in ops:
-            new = state_of(seq, event_id, prev, chain)
+            new = state_of(seq, event_id, prev, chain, created_at)
             if new != old:
                 changed.append((new, name, log_id, author, seq, event_id))
                 if new in (LOST, HELD):
-                    why = (f"lost the fork at seq {seq} to {chain[seq]}" if new == LOST
-                           else f"held: back-link {prev} at seq {seq} is not the applied operation")
-                    refusals.append((name, event_id, why))
+                    refusals.append((name, event_id, _why(new, seq, event_id, prev, chain, created_at)))
         conn.executemany("UPDATE causal_ops SET state = ? WHERE projector = ? AND log_id = ? AND author = ?"
                          " AND seq = ? AND event_id = ?", changed)
 
@@ -267,6 +280,24 @@ class CausalEngine:
             conn.execute("ROLLBACK TO causal_apply")
             refusals.append((self.spec.name, event_id, f"apply failed: {exc!r}"[:300]))
         conn.execute("RELEASE causal_apply")
+
+
+def _why(state: str, seq: int, event_id: str, prev: str | None, chain: list[str], created_at: Mapping[str, int]) -> str:
+    if state == LOST:
+        return f"lost the fork at seq {seq} to {chain[seq]}"
+    if seq > 0 and prev == chain[seq - 1] and backdated(event_id, prev, created_at):
+        return (f"held: backdated, created_at {created_at[event_id]} at seq {seq} is earlier than its "
+                f"predecessor's ({created_at[prev]})")
+    return f"held: back-link {prev} at seq {seq} is not the applied operation"
+
+
+def _stored_created_at(conn: sqlite3.Connection, event_ids: list[str]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for start in range(0, len(event_ids), 500):  # (SQLite bounds the parameters of one statement)
+        chunk = [bytes.fromhex(i) for i in event_ids[start:start + 500]]
+        rows = conn.execute(f"SELECT id, created_at FROM events WHERE id IN ({', '.join('?' * len(chunk))})", chunk)
+        found.update((bytes(raw).hex(), created_at) for raw, created_at in rows)
+    return found
 
 
 def _load_stored_event(conn: sqlite3.Connection, event_id: str) -> Event:

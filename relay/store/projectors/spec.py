@@ -162,6 +162,11 @@ class ProjectorSpec:
         return self.table
 
     @property
+    def table_names(self) -> tuple[str, ...]:
+        """The tables it writes: its one table (a causal projector's may be several)."""
+        return (self.table,)
+
+    @property
     def columns(self) -> tuple[str, ...]:
         """Every column in row order: the reserved columns, then the fields."""
         return RESERVED_COLUMNS + tuple(f.name for f in self.fields)

@@ -94,7 +94,8 @@ def replay_causal(conn: sqlite3.Connection, spec: CausalSpec) -> sqlite3.Connect
     memory.executescript(resources.files("relay.store.migrations").joinpath("0003_projectors.sql")
                          .read_text(encoding="utf-8"))
     create_tables(memory, spec)
-    engine = CausalEngine(spec, load_event=lambda _conn, event_id: events[event_id])
+    engine = CausalEngine(spec, load_event=lambda _conn, event_id: events[event_id],
+                          load_created_at=lambda _conn, ids: {i: events[i].created_at for i in ids})
     memory.execute("BEGIN")
     touched = engine.add(memory, list(events.values()), [])
     for log_id, author in sorted(touched):

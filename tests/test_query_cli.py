@@ -1,0 +1,58 @@
+"""`relay query` with bound parameters (--pk, --param, --order-by, --after) as a real subprocess, on a real store."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REAL_EVENTS
+from tests.test_projectors_cli import relay
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory) -> Path:
+    """A database of the first 1,500 real events."""
+    tmp_path = tmp_path_factory.mktemp("query")
+    path = tmp_path / "relay.db"
+    source = tmp_path / "events.jsonl"
+    source.write_text("\n".join(REAL_EVENTS.read_text(encoding="utf-8").split("\n")[:1500]) + "\n", encoding="utf-8")
+    relay("import", source, "--db", path)
+    return path
+
+
+def test_pages_by_param_and_order_join_to_the_sql_answer(db):
+    """--param/--order-by/--limit pages, followed by their --after cursors, hold exactly the rows SQL returns."""
+    conn = sqlite3.connect(db)
+    author, = conn.execute("SELECT pubkey FROM follows GROUP BY pubkey ORDER BY count(*) DESC LIMIT 1").fetchone()
+    expected = [r[0] for r in conn.execute("SELECT followed FROM follows WHERE pubkey = ? ORDER BY followed",
+                                           (author,))]
+    conn.close()
+    assert len(expected) > 6
+    got, after = [], []
+    while True:
+        proc = relay("query", "follows", "--db", db, "--param", f"pubkey={author}", "--order-by", "followed",
+                     "--limit", "5", "--json", *after)
+        got += [json.loads(line)["followed"] for line in proc.stdout.splitlines()]
+        if "--after" not in proc.stderr:
+            break
+        after = ["--after", proc.stderr.split("--after ")[1].split()[0]]
+    assert got == expected
+
+
+def test_pk_reads_one_row_and_bad_parameters_are_named(db):
+    """--pk gives the one row of that key; a partial key, an unindexed column, a bad cursor: exit 2 naming it."""
+    conn = sqlite3.connect(db)
+    pubkey, name = conn.execute("SELECT pubkey, name FROM profiles WHERE name IS NOT NULL LIMIT 1").fetchone()
+    conn.close()
+    rows = relay("query", "profiles", "--db", db, "--pk", json.dumps({"pubkey": pubkey}), "--json").stdout
+    assert [json.loads(line)["name"] for line in rows.splitlines()] == [name]
+    assert relay("query", "profiles", "--db", db, "--pk", json.dumps({"pubkey": "0" * 64})).stdout.count("\n") == 1
+    assert "followed: missing" in relay("query", "follows", "--db", db, "--pk", json.dumps({"pubkey": pubkey}),
+                                        check=2).stderr
+    assert "about: not the key or an indexed column" in relay("query", "profiles", "--db", db, "--param", "about=x",
+                                                              check=2).stderr
+    assert "after: not a cursor" in relay("query", "profiles", "--db", db, "--after", "nope", check=2).stderr
+    assert "go alone" in relay("query", "profiles", "--db", db, "--where", "1", "--param", "nip05=x", check=2).stderr
