@@ -3,8 +3,9 @@
 How this works: `parse_search` splits the text on whitespace into words,
 `"quoted phrases"` and `prefix*` words, and takes the NIP-50 `key:value`
 extensions (`include:`, `domain:`, `language:`, `sentiment:`, `nsfw:`) out of
-the words; one with an empty value (`domain:`) is taken out and ignored.  `SearchQuery.match_expression` then writes an SQLite FTS5 query
-in which every piece of user text is inside double quotes, so no user string
+the words; one with an empty value (`domain:`) is taken out and ignored.
+`SearchQuery.match_expression` then writes an SQLite FTS5 query in which
+every piece of user text is inside double quotes, so no user string
 (`10:30`, `C++`, `bitcoin OR`, `NEAR(`) is read as FTS5 syntax: the relay
 never passes user text to FTS5 as syntax.  All terms must match (FTS5's
 implicit AND); a term FTS5's tokenizer finds no token in (`:)`) constrains
