@@ -112,7 +112,7 @@ class Node:
             raise
         self.server = RelayServer(config, store, self.ingest, self.metrics, self._metrics_page)
         if config.http.status_page:  # for browsers, at the relay's endpoints
-            page = StatusPage(config, time.monotonic())
+            page = StatusPage(config, time.monotonic(), self.moderation)
             for path in config.server.paths:
                 self.server.routes.add("GET", path, page.answer, accept="text/html")
         try:

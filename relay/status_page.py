@@ -1,14 +1,16 @@
 """The status page: `GET /` from a browser (`Accept: text/html`) shows the relay to people.
 
-One HTML document with inline CSS, no script and no external asset: the
-NIP-11 identity (name, description, NIPs, software), uptime, events by kind
+One HTML document with inline CSS, no script and no external asset but the
+relay's icon: the NIP-11 identity (name, description and icon as NIP-11
+serves them, NIP-86's changes included; NIPs, software), uptime, events by kind
 and the database size, the sync peers with their last reconciliation and
 counts, the projectors with their rows and state, and the newest projector
 refusals.  Nothing private: no database path, no client or peer IP address
 (a peer whose URL names an IP is shown by its number), no error texts (they
 may name hosts), no event content.  The page is built from `relay.status`
 on a thread at most once per `CACHE_SECONDS`, so a busy page costs the
-database one `GROUP BY kind` per interval, whoever asks.
+database one `GROUP BY kind` per interval, whoever asks; a NIP-86 change of
+the name, description or icon is shown at once.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import ipaddress
 import time
 from html import escape
 from http import HTTPStatus
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import orjson
 
 from relay.config import Config
+from relay.ingest.moderation import Moderation
 from relay.server import nip11
 from relay.server.wire.http import HttpRequest, HttpResponse
 from relay.status import duration, gather_status, recent_refusals
@@ -47,39 +51,48 @@ code { font-size: .85em; word-break: break-all; }
 
 
 class StatusPage:
-    """The page of one node (`config`), which started at `started` (monotonic seconds); `answer` is the route."""
+    """The page of one node (`config`), which started at `started` (monotonic seconds); `answer` is the route.
 
-    def __init__(self, config: Config, started: float) -> None:
+    `moderation` holds NIP-86's overrides of `[info]` (name, description, icon), shown as NIP-11 shows them.
+    """
+
+    def __init__(self, config: Config, started: float, moderation: Moderation) -> None:
         self.config = config
         self.started = started
+        self.moderation = moderation
         self._page: bytes = b""
         self._built = -CACHE_SECONDS
+        self._built_with: dict[str, str] = {}  # the overrides the page shows
         self._lock = asyncio.Lock()
 
     async def answer(self, request: HttpRequest) -> HttpResponse:
-        """`GET <endpoint>` with Accept naming text/html: 200 and the page (at most CACHE_SECONDS old)."""
+        """`GET <endpoint>` with Accept naming text/html: 200 and the page (at most CACHE_SECONDS old, and
+        built again at once when NIP-86 has changed the name, description or icon since)."""
         async with self._lock:  # concurrent requests share one build
-            if time.monotonic() - self._built >= CACHE_SECONDS:
-                self._page = (await asyncio.to_thread(self._build)).encode()
-                self._built = time.monotonic()
+            # read on the event loop, which alone changes them: the build runs on a thread
+            overrides = self.moderation.info()
+            if time.monotonic() - self._built >= CACHE_SECONDS or overrides != self._built_with:
+                self._page = (await asyncio.to_thread(self._build, overrides)).encode()
+                self._built, self._built_with = time.monotonic(), overrides
         return HttpResponse(HTTPStatus.OK, self._page, CONTENT_TYPE)
 
-    def _build(self) -> str:
+    def _build(self, overrides: Mapping[str, str]) -> str:
         status = gather_status(self.config)
         conn = connect_readonly(Path(self.config.store.path))
         try:
             refusals = recent_refusals(conn, None, SHOWN_REFUSALS)
         finally:
             conn.close()
-        info = orjson.loads(nip11.document(self.config))
+        info = orjson.loads(nip11.document(self.config, overrides))
         return render(info, status, refusals, time.monotonic() - self.started, time.time())
 
 
 def render(info: dict, status: dict, refusals: list[tuple], uptime: float, now: float) -> str:
     """The page as HTML text.
 
-    `info` is the NIP-11 document (dict), `status` is `gather_status`'s dict,
-    `refusals` are `recent_refusals` rows, `uptime` seconds since start, `now` unix seconds.
+    `info` is the NIP-11 document (dict; its `icon`, an http(s) URL, is shown when present), `status` is
+    `gather_status`'s dict, `refusals` are `recent_refusals` rows, `uptime` seconds since start, `now` unix
+    seconds.
     """
     name = escape(info["name"])
     nips = ", ".join(str(n) for n in info["supported_nips"])
@@ -88,7 +101,7 @@ def render(info: dict, status: dict, refusals: list[tuple], uptime: float, now: 
         f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{name}</title><style>{_STYLE}</style></head><body>",
-        f"<header><h1>{name}</h1><p>{escape(info['description'])}</p>",
+        f"<header>{_icon(info.get('icon'))}<h1>{name}</h1><p>{escape(info['description'])}</p>",
         f'<p class="muted">NIPs {nips} &middot; {escape(info["software"])} {escape(info["version"])} '
         f"&middot; up {duration(uptime)}</p></header>",
         _events(status["events"], database["bytes"] + database["wal_bytes"]),
@@ -98,6 +111,14 @@ def render(info: dict, status: dict, refusals: list[tuple], uptime: float, now: 
         "</body></html>\n",
     ]
     return "\n".join(parts)
+
+
+def _icon(url: str | None) -> str:
+    """The relay's NIP-11 icon as an image, when it is an http(s) URL (one set before NIP-86 checked it may
+    not be); else nothing."""
+    if url is None or urlsplit(url).scheme.lower() not in ("http", "https"):
+        return ""
+    return f'<img src="{escape(url)}" alt="" width="64" height="64" referrerpolicy="no-referrer">'
 
 
 def _table(section: str, title: str, caption: str, head: tuple[str, ...], rows: list[tuple]) -> str:

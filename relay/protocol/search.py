@@ -3,14 +3,17 @@
 How this works: `parse_search` splits the text on whitespace into words,
 `"quoted phrases"` and `prefix*` words, and takes the NIP-50 `key:value`
 extensions (`include:`, `domain:`, `language:`, `sentiment:`, `nsfw:`) out of
-the words.  `SearchQuery.match_expression` then writes an SQLite FTS5 query
-in which every piece of user text is inside double quotes, so no user string
+the words; one with an empty value (`domain:`) is taken out and ignored.
+`SearchQuery.match_expression` then writes an SQLite FTS5 query in which
+every piece of user text is inside double quotes, so no user string
 (`10:30`, `C++`, `bitcoin OR`, `NEAR(`) is read as FTS5 syntax: the relay
 never passes user text to FTS5 as syntax.  All terms must match (FTS5's
 implicit AND); a term FTS5's tokenizer finds no token in (`:)`) constrains
 nothing, and a query made of such terms only matches nothing.  `domain:` is
 applied through a token of the kind-0 `nip05` domain (`domain_token`) kept
-in the index's `domain` column; the other extensions are ignored.
+in the index's `domain` column; several `domain:` match a profile at any of
+them (a profile has one domain: all of them would match nothing); the other
+extensions are ignored.
 Pure: no I/O.  Source: NIP-50.
 """
 
@@ -48,22 +51,24 @@ class Term:
 class SearchQuery:
     """A parsed NIP-50 `search` value.
 
-    `terms`: words and phrases, all of which must match; `domain`: the
-    lowercase `domain:` value (kind-0 `nip05` domain), or None;
+    `terms`: words and phrases, all of which must match; `domains`: the
+    lowercase `domain:` values (kind-0 `nip05` domains), in order and each
+    once, any of which may match (none: no domain asked);
     `ignored`: the other extensions as (key, value), in order.
     """
 
     terms: tuple[Term, ...]
-    domain: str | None = None
+    domains: tuple[str, ...] = ()
     ignored: tuple[tuple[str, str], ...] = ()
 
     def match_expression(self) -> str:
-        """The FTS5 MATCH string: the terms in the text column, ANDed with the domain's token if any."""
+        """The FTS5 MATCH string: the terms in the text column, ANDed with any one of the domains' tokens."""
         parts = []
         if self.terms:
             parts.append(f"{TEXT_COLUMN} : (" + " ".join(t.quoted() for t in self.terms) + ")")
-        if self.domain is not None:
-            parts.append(f'{DOMAIN_COLUMN} : "{domain_token(self.domain)}"')
+        if self.domains:
+            tokens = " OR ".join(f'"{domain_token(domain)}"' for domain in self.domains)
+            parts.append(f"{DOMAIN_COLUMN} : ({tokens})")
         return " AND ".join(parts)
 
 
@@ -98,7 +103,8 @@ def parse_search(value: object, max_bytes: int) -> SearchQuery:
     """Parse the `search` value of a filter (NIP-50): words, `"phrases"`, `prefix*`, `key:value` extensions.
 
     `max_bytes` bounds the UTF-8 length of the text.  A query is empty when
-    no word or phrase and no `domain:` remains once extensions are taken out.
+    no word or phrase and no `domain:` remains once extensions are taken out
+    (an extension with an empty value, `domain:`, is taken out and ignored).
 
     Raises:
         Rejection: "invalid:" when `value` is not a string, is empty, is over
@@ -112,12 +118,14 @@ def parse_search(value: object, max_bytes: int) -> SearchQuery:
         raise invalid("string holds a lone surrogate (not valid UTF-8)") from None
     if size > max_bytes:
         raise invalid(f"search is longer than {max_bytes} bytes")
-    terms, domain, ignored = [], None, []
+    terms, domains, ignored = [], {}, []
     for piece, quoted in _split(value):
         key, colon, rest = piece.partition(":")
-        if not quoted and colon and rest and key.lower() in EXTENSIONS:
+        if not quoted and colon and key.lower() in EXTENSIONS:
+            if not rest:
+                continue  # no value: nothing to apply, and not the word "domain" either
             if key.lower() == "domain":
-                domain = rest.lower()
+                domains[rest.lower()] = None
             else:
                 ignored.append((key.lower(), rest))
             continue
@@ -125,6 +133,6 @@ def parse_search(value: object, max_bytes: int) -> SearchQuery:
         piece = piece.rstrip("*") if prefix else piece
         if piece.strip():
             terms.append(Term(piece, prefix))
-    if not terms and domain is None:
+    if not terms and not domains:
         raise invalid("search is empty (no words)")
-    return SearchQuery(tuple(terms), domain, tuple(ignored))
+    return SearchQuery(tuple(terms), tuple(domains), tuple(ignored))

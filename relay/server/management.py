@@ -24,6 +24,7 @@ import ipaddress
 import time
 from collections.abc import Callable
 from http import HTTPStatus
+from urllib.parse import urlsplit
 
 import orjson
 import structlog
@@ -106,9 +107,25 @@ async def _needing_moderation(moderation: Moderation, params: list) -> list[dict
     return [{"id": id_, "reason": reason} for id_, reason in await moderation.reported(MAX_REPORTED)]
 
 
-def _info(field: str) -> Method:
+def _is_icon(value: object) -> bool:
+    """Whether `value` may be the relay's NIP-11 icon: "" (back to none), or an http(s) URL with a host (a
+    client shows it: no `javascript:` or `data:`), at most 4096 characters."""
+    if type(value) is not str or len(value) > 4096:
+        return False
+    try:
+        url = urlsplit(value)
+        return value == "" or (url.scheme.lower() in ("http", "https") and bool(url.hostname))
+    except ValueError:  # e.g. an unclosed IPv6 host
+        return False
+
+
+def _icon(params: list) -> str:
+    return param(params, 0, 'an http(s) URL or ""', _is_icon)
+
+
+def _info(field: str, parse: Callable[[list], str] = _text) -> Method:
     async def change(moderation: Moderation, params: list) -> bool:
-        value = _text(params)
+        value = parse(params)
         if value:
             await moderation.add(lists.INFO, field, value)
         else:  # "" sets it back to [info]'s
@@ -150,7 +167,7 @@ METHODS: dict[str, Method] = {
     "listallowedevents": _lister(lists.ALLOWED_EVENT, "id"),
     "changerelayname": _info("name"),
     "changerelaydescription": _info("description"),
-    "changerelayicon": _info("icon"),
+    "changerelayicon": _info("icon", _icon),
     "allowkind": _method(_add, lists.ALLOWED_KIND, _kind, (lists.DISALLOWED_KIND,)),
     "disallowkind": _method(_add, lists.DISALLOWED_KIND, _kind, (lists.ALLOWED_KIND,)),
     "listallowedkinds": _kinds(allowed=True),

@@ -15,22 +15,39 @@ def test_words_phrases_and_prefixes():
     """Bare words, "quoted phrases" (an unclosed one runs to the end) and words ending in * are terms."""
     q = parse_search('bitcoin "lightning network" zap* "open end', 100)
     assert q.terms == (Term("bitcoin"), Term("lightning network"), Term("zap", prefix=True), Term("open end"))
-    assert q.domain is None and q.ignored == ()
+    assert q.domains == () and q.ignored == ()
 
 
 def test_extensions_are_taken_out_of_the_words():
     """NIP-50 key:value extensions leave the words; domain: is kept (lowercase), the others ignored."""
     q = parse_search("nostr domain:Primal.NET include:spam language:en sentiment:positive nsfw:false", 200)
     assert q.terms == (Term("nostr"),)
-    assert q.domain == "primal.net"
+    assert q.domains == ("primal.net",)
     assert q.ignored == (("include", "spam"), ("language", "en"), ("sentiment", "positive"), ("nsfw", "false"))
 
 
-@pytest.mark.parametrize("text", ["10:30", "https://example.com/a?b=c", "foo:bar", "domain:", '"domain:x.com"'])
+@pytest.mark.parametrize("text", ["10:30", "https://example.com/a?b=c", "foo:bar", '"domain:x.com"'])
 def test_other_colons_are_words(text):
-    """Only the NIP-50 keys with a value are extensions: times, URLs, other keys and quoted text stay words."""
+    """Only the NIP-50 keys are extensions: times, URLs, other keys and quoted text stay words."""
     q = parse_search(text, 100)
-    assert q.domain is None and len(q.terms) == 1
+    assert q.domains == () and len(q.terms) == 1
+
+
+def test_an_extension_without_a_value_is_ignored():
+    """`domain:` (or `include:`) with nothing after the colon is no word "domain": it is taken out, and a query
+    of nothing else is empty."""
+    q = parse_search("nostr domain: include:", 100)
+    assert (q.terms, q.domains, q.ignored) == ((Term("nostr"),), (), ())
+    with pytest.raises(Rejection):
+        parse_search("domain:", 100)
+
+
+def test_several_domains_match_any_of_them():
+    """`domain:a domain:b` asks for profiles at a or at b (the last one alone was kept), each domain once."""
+    q = parse_search("domain:A.com nostr domain:b.com domain:a.com", 100)
+    assert q.domains == ("a.com", "b.com")
+    a, b = domain_token("a.com"), domain_token("b.com")
+    assert q.match_expression() == f'text : ("nostr") AND domain : ("{a}" OR "{b}")'
 
 
 @pytest.mark.parametrize("text", ["10:30", "C++", "bitcoin OR", "NEAR(", 'a"b', "AND NOT *", "col:umn", "^x", "{x}",
@@ -47,7 +64,7 @@ def test_domain_is_one_token_of_letters_and_digits():
     token = domain_token("Example.com")
     assert token.isalnum() and token == domain_token("example.com")
     assert token not in (domain_token("sub.example.com"), domain_token("example.co"))
-    assert parse_search("domain:example.com", 100).match_expression() == f'domain : "{token}"'
+    assert parse_search("domain:example.com", 100).match_expression() == f'domain : ("{token}")'
 
 
 @pytest.mark.parametrize("value", ["", "   ", "language:en", "***", 5, None, ["x"], "x" * 101, "é" * 51, "\ud800"])

@@ -13,7 +13,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from relay.server.wire.http import HANDOFF, Answer, HttpRequest, HttpResponse, RequestReader, Routes, accepts
+from relay.server.wire.http import HANDOFF, Answer, HttpRequest, HttpResponse, RequestReader, Routes, quality
 from tests.conftest import make_config
 from tests.helpers import Client
 from tests.inprocess import Relay
@@ -41,8 +41,8 @@ def _decide(request: bytes, endpoints: tuple[str, ...] | None = ("/",)):
                                     "text/html, APPLICATION/NOSTR+JSON"])
 def test_the_accept_header_names_a_media_type_in_any_case(accept):
     """Media types are case-insensitive (RFC 9110 8.3.1), parameters aside; a mere substring or */* is not it."""
-    assert accepts(accept, "application/nostr+json")
-    assert not accepts("application/nostr+jsonx, */*", "application/nostr+json")
+    assert quality(accept, "application/nostr+json") > 0
+    assert quality("application/nostr+jsonx, */*", "application/nostr+json") == 0
     decision = _decide(b"GET / HTTP/1.1\r\nHost: relay\r\nAccept: %s\r\n\r\n" % accept.encode())
     assert type(decision) is Answer and decision.route.accept == "application/nostr+json"
 
@@ -60,7 +60,7 @@ def test_a_websocket_on_another_path_is_refused_404_before_the_upgrade():
 
 def test_a_cors_preflight_is_answered_with_the_methods_of_its_path():
     """OPTIONS with Access-Control-Request-Method: 204 naming the methods routed for that path, Authorization
-    among the allowed headers; a path no route serves is not preflighted; OPTIONS without it is websockets'."""
+    among the allowed headers; a path no route serves is not preflighted; OPTIONS without it gets 405."""
     decision = _decide(PREFLIGHT % b"/")
     assert type(decision) is HttpResponse and decision.status == HTTPStatus.NO_CONTENT
     headers = dict(Routes().response(decision).headers.raw_items())
@@ -70,7 +70,27 @@ def test_a_cors_preflight_is_answered_with_the_methods_of_its_path():
     health = Routes().response(_decide(PREFLIGHT % b"/health"))
     assert health.headers["Access-Control-Allow-Methods"] == "GET"
     assert _decide(PREFLIGHT % b"/elsewhere").status == HTTPStatus.NOT_FOUND
-    assert _decide(b"OPTIONS / HTTP/1.1\r\nHost: relay\r\n\r\n") is HANDOFF
+    plain = _decide(b"OPTIONS / HTTP/1.1\r\nHost: relay\r\n\r\n")
+    assert plain.status == HTTPStatus.METHOD_NOT_ALLOWED and dict(plain.headers)["Allow"] == "GET, POST, HEAD"
+
+
+@pytest.mark.parametrize("accept, route", [
+    ("application/nostr+json;q=0.1, text/html", "text/html"),
+    ("text/html;q=0.5, application/nostr+json;q=0.9", "application/nostr+json"),
+    ("application/nostr+json, text/html", "application/nostr+json"),  # a tie: the first route added
+    ("text/html; Q=0.000, application/nostr+json; q=0", None),  # q=0: not acceptable
+    ("text/html;q=2", "text/html"),  # not a qvalue: ignored, as other parameters are
+])
+def test_the_route_of_the_highest_quality_answers(accept, route):
+    """Of the routes that match, the one whose media type the Accept header weighs most answers (RFC 9110
+    12.5.1), the first on a tie; q=0 means not acceptable (a walkthrough got HTML for `text/html;q=0`)."""
+    routes = Routes(("/",))
+    routes.add("GET", "/", _ok, accept="application/nostr+json")
+    routes.add("GET", "/", _ok, accept="text/html")
+    decision = RequestReader(routes, 1000).feed(b"GET / HTTP/1.1\r\nHost: relay\r\nAccept: %s\r\n\r\n"
+                                                % accept.encode())
+    assert (decision.route.accept if type(decision) is Answer else None) == route
+    assert decision is HANDOFF or route is not None  # nothing acceptable: websockets' 426
 
 
 # --- through a real relay ---------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -73,13 +74,40 @@ def test_a_body_past_the_bound_is_refused_413(framing):
     assert type(decision) is HttpResponse and decision.status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE
 
 
-def test_requests_no_route_answers_go_to_websockets_as_received():
-    """An upgrade, a GET of another path, a POST of a path routed only for GET: handed off, with every byte
-    received so far (even a frame sent behind the upgrade request), for websockets to parse unchanged."""
+def test_gets_no_route_answers_go_to_websockets_as_received():
+    """An upgrade, a GET of another path: handed off, with every byte received so far (even a frame sent
+    behind the upgrade request), for websockets to parse unchanged; so is a GET with `Content-Length: 0`."""
     reader, decision = _feed(UPGRADE + b"\x81\x00")
     assert decision is HANDOFF and bytes(reader.received) == UPGRADE + b"\x81\x00"
     assert _feed(b"GET /nope HTTP/1.1\r\nHost: relay\r\n\r\n")[1] is HANDOFF
-    assert _feed(b"POST /health HTTP/1.1\r\nHost: relay\r\nContent-Length: 2\r\n\r\n{}")[1] is HANDOFF
+    assert _feed(b"GET /nope HTTP/1.1\r\nHost: relay\r\nContent-Length: 0\r\n\r\n")[1] is HANDOFF
+
+
+@pytest.mark.parametrize("request_bytes, status, allow", [
+    (b"POST /health HTTP/1.1\r\nHost: relay\r\nContent-Length: 2\r\n\r\n{}", 405, "GET, HEAD"),
+    (b"PUT / HTTP/1.1\r\nHost: relay\r\nContent-Length: 7\r\n\r\n{\"a\":1}", 405, "GET, HEAD"),
+    (b"DELETE /x HTTP/1.1\r\nHost: relay\r\n\r\n", 405, "GET, HEAD"),
+    (b"PATCH /echo HTTP/1.1\r\nHost: relay\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n0\r\n\r\n", 405,
+     "POST, GET, HEAD"),
+    (b"GET / HTTP/1.1\r\nHost: relay\r\nContent-Length: 2\r\n\r\n{}", 426, None),
+    (UPGRADE.replace(b"\r\n\r\n", b"\r\nContent-Length: 2\r\n\r\n{}"), 400, None),
+    (b"HEAD / HTTP/1.1\r\nHost: relay\r\n\r\n", 426, None),
+], ids=["post-get-route", "put-body", "delete", "patch-chunked", "get-body", "upgrade-body", "head"])
+def test_requests_websockets_would_not_answer_are_answered_here(request_bytes, status, allow):
+    """A method a path does not answer: 405 naming those it does; a GET with a body, or a HEAD, of an endpoint:
+    426 (400 to an upgrade with a body).  websockets sent nothing at all to any of these (a walkthrough's curl
+    read "Empty reply from server")."""
+    _, decision = _feed(request_bytes)
+    assert type(decision) is HttpResponse and decision.status == status
+    assert dict(decision.headers).get("Allow") == allow
+
+
+def test_a_head_is_answered_by_the_get_route_without_a_body():
+    """HEAD /health is /health's GET route's (it got 404); its answer keeps the body's length, not the body."""
+    _, decision = _feed(b"HEAD /health HTTP/1.1\r\nHost: relay\r\n\r\n")
+    assert type(decision) is Answer and decision.route.path == "/health"
+    response = _routes().response(HttpResponse(HTTPStatus.OK, b"ok\n", "text/plain"), head=True)
+    assert response.body == b"" and response.headers["Content-Length"] == "3"
 
 
 def test_routes_match_the_path_without_its_query_and_the_accept_header():
@@ -185,3 +213,62 @@ async def test_an_answered_request_leaves_no_handler_behind(relay):
         assert (await asyncio.wait_for(reader.read(), 5)).endswith(b"\r\n\r\nok\n")
         writer.close()
         assert await eventually(lambda: not relay.server.handler_tasks, timeout=2)
+
+
+async def _raw(port: int, request: bytes) -> bytes:
+    """Everything a relay sends back to `request` on a fresh connection, until it closes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    try:
+        return await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("request_bytes, status_line", [
+    (b"PUT / HTTP/1.1\r\nHost: relay\r\nContent-Type: application/json\r\nContent-Length: 7\r\n\r\n{\"a\":1}",
+     b"HTTP/1.1 405 Method Not Allowed\r\n"),
+    (b"PATCH / HTTP/1.1\r\nHost: relay\r\nContent-Length: 7\r\n\r\n{\"a\":1}", b"HTTP/1.1 405 Method Not Allowed\r\n"),
+    (b"DELETE / HTTP/1.1\r\nHost: relay\r\nContent-Length: 7\r\n\r\n{\"a\":1}", b"HTTP/1.1 405 Method Not Allowed\r\n"),
+    (b"POST / HTTP/1.1\r\nHost: relay\r\nContent-Type: application/nostr+json+rpc\r\nContent-Length: 2\r\n\r\n{}",
+     b"HTTP/1.1 405 Method Not Allowed\r\n"),  # NIP-86 on a relay without [admin] pubkeys
+    (b"GET / HTTP/1.1\r\nHost: relay\r\nContent-Length: 7\r\n\r\n{\"a\":1}", b"HTTP/1.1 426 Upgrade Required\r\n"),
+    (b"PUT /nope HTTP/1.1\r\nHost: relay\r\nContent-Length: 7\r\n\r\n{\"a\":1}", b"HTTP/1.1 404 Not Found\r\n"),
+    (b"HEAD / HTTP/1.1\r\nHost: relay\r\n\r\n", b"HTTP/1.1 426 Upgrade Required\r\n"),
+], ids=["put", "patch", "delete", "nip86-off", "get-body", "put-elsewhere", "head"])
+async def test_every_request_with_or_without_a_body_gets_an_answer(relay, request_bytes, status_line):
+    """Over a raw socket: each request is answered with a status (websockets closed the connection without a
+    word on a body or another method than GET); a 405 names the methods of the path in `Allow`."""
+    answer = await _raw(relay.port, request_bytes)
+    assert answer.startswith(status_line)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    if b" 405 " in status_line:
+        assert b"\r\nAllow: GET, HEAD\r\n" in head
+    assert body == b"" if request_bytes.startswith(b"HEAD") else body.endswith(b"\n")
+
+
+def _http(port: int, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+    """(status, headers, body) of one request through http.client, which reads no body after a HEAD."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        connection.request(method, path, body, headers or {})
+        response = connection.getresponse()
+        return response.status, response.headers, response.read()
+    finally:
+        connection.close()
+
+
+async def test_a_real_client_reads_an_answer_to_any_method_and_head_like_get(relay):
+    """http.client: PUT, PATCH, DELETE with a body get 405 with `Allow`; HEAD of /health, /metrics, NIP-11 and
+    the status page answer as their GET does (status, type, length), without the body (HEAD /health got 404)."""
+    for method in ("PUT", "PATCH", "DELETE"):
+        status, headers, _ = await asyncio.to_thread(_http, relay.port, method, "/", b'{"a":1}')
+        assert (status, headers["Allow"]) == (405, "GET, HEAD")
+    for path, accept in (("/health", None), ("/metrics", None), ("/", "application/nostr+json"),
+                         ("/", "text/html")):
+        headers = {"Accept": accept} if accept else {}
+        got = await asyncio.to_thread(_http, relay.port, "GET", path, None, headers)
+        head = await asyncio.to_thread(_http, relay.port, "HEAD", path, None, headers)
+        assert got[0] == head[0] == 200 and head[2] == b""
+        assert head[1]["Content-Type"] == got[1]["Content-Type"] and int(head[1]["Content-Length"]) > 0
+    assert (await asyncio.to_thread(_http, relay.port, "HEAD", "/health"))[1]["Content-Length"] == "3"

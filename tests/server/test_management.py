@@ -28,6 +28,7 @@ from tests.server.nip86 import (
     admin_config,
     admin_keys,
     authorization,
+    call,
     post,
     result,
 )
@@ -207,6 +208,17 @@ async def test_name_description_and_icon_override_info_until_set_back(managed):
     doc = await _nip11(managed)
     assert (doc["name"], doc["description"], "icon" in doc) == (managed.config.info.name,
                                                                 managed.config.info.description, False)
+
+
+@pytest.mark.parametrize("icon", ["javascript:alert(1)", "data:image/png;base64,AAAA", "https:///no-host",
+                                  "http://[::1", "relay.example/icon.png", "ftp://relay.example/icon.png"])
+async def test_an_icon_that_is_not_an_http_url_is_refused(managed, icon):
+    """changerelayicon takes an http(s) URL with a host or "" only (`javascript:alert(1)` was served as NIP-11's
+    `icon`): anything else is `invalid:` and NIP-11 keeps its icon."""
+    assert await result(managed.port, "changerelayicon", "HTTPS://relay.example/icon.png") is True
+    status, answer = await call(managed.port, "changerelayicon", icon)
+    assert status == 200 and answer["error"].startswith('invalid: params[0] must be an http(s) URL or ""')
+    assert (await _nip11(managed))["icon"] == "HTTPS://relay.example/icon.png"
 
 
 async def test_kinds_of_config_and_database_combine_and_a_deny_wins(tmp_path, alice):

@@ -11,6 +11,7 @@ from tests.conftest import make_config
 from tests.helpers import Client, Keys
 from tests.inprocess import Relay
 from tests.served import free_port, http_get
+from tests.server.nip86 import admin_config, result
 
 BROWSER = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
 SECRET = "the secret of a direct message"
@@ -117,3 +118,40 @@ async def test_clients_still_get_nip11_and_the_page_can_be_turned_off(tmp_path):
         assert status == 200 and headers["Content-Type"] == "application/nostr+json" and json.loads(body)["name"]
     finally:
         await relay.stop()
+
+
+async def test_the_page_shows_nip86s_name_description_and_icon_at_once(tmp_path):
+    """changerelayname, changerelaydescription and changerelayicon show on the page as in NIP-11, on the next
+    request although the page was just built (it kept [info]'s for good); set back to "", [info]'s again."""
+    relay = Relay(make_config(tmp_path, info={"name": "Configured", "description": "from the file"},
+                              **admin_config()))
+    await relay.start()
+    try:
+        _, _, before = await _page(relay)
+        assert before.h1 == "Configured" and not [attrs for tag, attrs in before.tags if tag == "img"]
+        for method, value in (("changerelayname", "Renamed <b>"), ("changerelaydescription", "new words"),
+                              ("changerelayicon", "https://relay.example/icon.png?a=1&b=2")):
+            assert await result(relay.port, method, value) is True
+        _, _, page = await _page(relay)
+        assert page.title == page.h1 == "Renamed <b>" and "new words" in page.text
+        assert [attrs["src"] for tag, attrs in page.tags if tag == "img"] == ["https://relay.example/icon.png?a=1&b=2"]
+        for method in ("changerelayname", "changerelaydescription", "changerelayicon"):
+            await result(relay.port, method, "")
+        _, _, page = await _page(relay)
+        assert page.h1 == "Configured" and "from the file" in page.text
+        assert not [attrs for tag, attrs in page.tags if tag == "img"]
+    finally:
+        await relay.stop()
+
+
+async def test_accept_weights_choose_between_nip11_and_the_page(relay):
+    """q-values count: `text/html;q=0` is no request for the page (426, it got HTML), and NIP-11 at q=0.1 loses
+    to text/html (it won)."""
+    try:
+        await asyncio.to_thread(http_get, relay.port, "/", {"Accept": "text/html;q=0"}, 5.0)
+        raise AssertionError("an answer was served")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 426
+    _, headers, _ = await asyncio.to_thread(
+        http_get, relay.port, "/", {"Accept": "application/nostr+json;q=0.1, text/html"}, 5.0)
+    assert headers["Content-Type"] == "text/html; charset=utf-8"

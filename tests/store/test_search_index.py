@@ -105,6 +105,10 @@ async def test_domain_matches_the_nip05_domain_exactly(store):
     assert sorted(got) == ["alice", "carol"]
     assert [json.loads(c)["name"] for c in await search(store, {"search": "bob domain:sub.primal.net"})] == ["bob"]
     assert await search(store, {"search": "bob domain:primal.net"}) == []
+    got = [json.loads(c)["name"] for c in await search(store, {"search": "domain:sub.primal.net domain:PRIMAL.net"})]
+    assert sorted(got) == ["alice", "bob", "carol"]  # any of several domains (the last alone was kept)
+    assert [json.loads(c)["name"] for c in await search(store, {"search": "bob domain: domain:other.com"})] == []
+    assert [json.loads(c)["name"] for c in await search(store, {"search": "alice domain:"})] == ["alice"]
 
 
 async def test_index_follows_supersession_deletion_expiry_and_vanish(tmp_path):

@@ -43,6 +43,7 @@ class RoutedServerConnection(ServerConnection):
         self._decided: asyncio.Future[Decision] = self.loop.create_future()
         self._continued = False
         self._client_ended = False  # the client sent EOF before the answer to its request was written
+        self._head = False  # the request is a HEAD: answered without a body
 
     def data_received(self, data: bytes) -> None:
         """Feed the request reader until it decides; then websockets, if the request is its own."""
@@ -69,7 +70,7 @@ class RoutedServerConnection(ServerConnection):
         return True
 
     def _decide(self, decision: Decision) -> None:
-        received, self._reader = self._reader.received, None
+        received, self._head, self._reader = self._reader.received, self._reader.head, None
         self._decided.set_result(decision)
         if decision is HANDOFF:
             super().data_received(bytes(received))
@@ -85,7 +86,7 @@ class RoutedServerConnection(ServerConnection):
             await super().handshake(process_request, process_response, server_header)
             return
         answer = await self._answer(decision) if type(decision) is Answer else decision  # or a refusal
-        self.response = self._routes.response(answer)
+        self.response = self._routes.response(answer, head=self._head)
         if server_header is not None:
             self.response.headers["Server"] = server_header
         if self.state is not State.CONNECTING:

@@ -12,23 +12,33 @@ once, as soon as it can:
 * a CORS preflight (`OPTIONS` with `Access-Control-Request-Method`) for a
   path some route answers: 204 with the CORS headers, naming the methods
   routed for that path (`Routes.preflight`);
+* a method no route answers on a path some route serves or on an endpoint:
+  405, whose `Allow` names the methods that path answers;
 * a path that is not one of the relay's endpoints (`[server] paths`): 404
   (NIP-01: a relay accepts connections on a single endpoint when extra path
   segments do not change its behaviour);
-* anything else, a WebSocket upgrade above all: `HANDOFF`, and the bytes
-  received so far (`RequestReader.received`) go to websockets unchanged, which
-  upgrades, or answers as it does (426 to a plain GET, 405 to another method).
+* a GET of an endpoint without a body, a WebSocket upgrade above all:
+  `HANDOFF`, and the bytes received so far (`RequestReader.received`) go to
+  websockets unchanged, which upgrades, or answers 426 to a plain GET;
+* a HEAD, or a GET with a body (websockets answers neither), of an endpoint:
+  426 here, as websockets answers a plain GET (400 to an upgrade with a body).
+
+Every request is answered: websockets sends nothing at all to a request it
+cannot parse (a body, a method other than GET), so none reaches it.
 
 A route matches a method and a path (`route_path`: the request target
 without its query string, the one accepted-paths check), and optionally a
-media type the Accept header must name (`accepts`: case-insensitive, as media
-types are); the first route that matches answers.  `Routes.response` gives
-every answer the same CORS headers.
+media type the Accept header must name with a quality above 0 (`quality`:
+case-insensitive, as media types are); of the routes that match, the one
+whose media type has the highest quality answers, the first one on a tie.  A
+HEAD is answered as a GET without the body (RFC 9110 9.3.2).
+`Routes.response` gives every answer the same CORS headers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+import re
 from dataclasses import dataclass
 from http import HTTPStatus
 from urllib.parse import urlsplit
@@ -67,12 +77,13 @@ class HttpRequest:
 @dataclass(frozen=True, slots=True)
 class HttpResponse:
     """What a route answers: `status`, `body` and its media type; `cors`: its CORS header fields, when not
-    those of the whole table (a preflight's name the methods of one path)."""
+    those of the whole table (a preflight's name the methods of one path); `headers`: other fields (Allow)."""
 
     status: HTTPStatus
     body: bytes
     content_type: str
     cors: tuple[tuple[str, str], ...] | None = None
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
@@ -90,20 +101,35 @@ class Route:
     accept: str | None = None
     prefix: bool = False
 
-    def matches(self, method: str, path: str, accept: str) -> bool:
-        """Whether this route answers a `method` request for `path` with that Accept header."""
-        return method == self.method and self.serves(path) and (self.accept is None or accepts(accept, self.accept))
+    def quality(self, method: str, path: str, accept: str) -> float:
+        """How well this route answers a `method` request for `path` with that Accept header: the quality
+        the header gives its media type (1.0 for a route of any type), 0.0 when it does not answer it."""
+        if method != self.method or not self.serves(path):
+            return 0.0
+        return 1.0 if self.accept is None else quality(accept, self.accept)
 
     def serves(self, path: str) -> bool:
         """Whether this route is for `path` (whatever the method)."""
         return self.path in (path, ANY_PATH) or (self.prefix and path.startswith(self.path))
 
 
-def accepts(accept: str, media_type: str) -> bool:
-    """Whether the Accept header value `accept` names `media_type` (RFC 9110 12.5.1: media types are
-    case-insensitive; parameters such as `;q=0.9` are ignored, and so are wildcards like `*/*`)."""
-    wanted = media_type.lower()
-    return any(item.partition(";")[0].strip().lower() == wanted for item in accept.split(","))
+_QVALUE = re.compile(r"0(\.[0-9]{0,3})?|1(\.0{0,3})?")  # RFC 9110 12.4.2
+
+
+def quality(accept: str, media_type: str) -> float:
+    """The quality (0.0 to 1.0) the Accept header value `accept` gives `media_type`: its `q` parameter,
+    1.0 without one; 0.0 when `accept` does not name it (RFC 9110 12.5.1: media types are case-insensitive,
+    `q=0` means "not acceptable").  Wildcards like `*/*` name no media type here: a browser's `*/*;q=0.8`
+    is no request for NIP-11.  A `q` that is not a qvalue is ignored, as every other parameter is."""
+    wanted, best = media_type.lower(), 0.0
+    for item in accept.split(","):
+        name, *params = item.split(";")
+        if name.strip().lower() == wanted:
+            q = next((value.strip() for key, _, value in (p.partition("=") for p in params)
+                      if key.strip().lower() == "q"), "1")
+            best = max(best, float(q) if _QVALUE.fullmatch(q) else 1.0)
+    return best
+
 
 
 def route_path(target: str) -> str:
@@ -132,9 +158,25 @@ class Routes:
         self._routes.append(Route(method, path, handler, accept, prefix))
 
     def find(self, request: HttpRequest) -> Route | None:
-        """The first route that answers `request` (its body is not needed); None: no route does."""
-        method, path, accept = request.method, request.path, request.header("accept")
-        return next((route for route in self._routes if route.matches(method, path, accept)), None)
+        """The route that answers `request` (its body is not needed; a HEAD is a GET's): of those that
+        match, the one of the highest quality (`Route.quality`), the first on a tie; None: no route does."""
+        method = "GET" if request.method == "HEAD" else request.method
+        path, accept = request.path, request.header("accept")
+        best, found = 0.0, None
+        for route in self._routes:
+            if (q := route.quality(method, path, accept)) > best:
+                best, found = q, route
+        return found
+
+    def allowed(self, path: str) -> list[str]:
+        """The methods a request for `path` may use: those routed for it, GET for an endpoint (WebSocket),
+        and HEAD wherever GET is."""
+        methods = dict.fromkeys(route.method for route in self._routes if route.serves(path))
+        if self.is_endpoint(path):
+            methods["GET"] = None
+        if "GET" in methods:
+            methods["HEAD"] = None
+        return list(methods)
 
     def is_endpoint(self, path: str) -> bool:
         """Whether a WebSocket may connect on `path` (NIP-01: one endpoint, `[server] paths`)."""
@@ -158,11 +200,12 @@ class Routes:
         return [("Access-Control-Allow-Origin", "*"), ("Access-Control-Allow-Headers", ALLOWED_HEADERS),
                 ("Access-Control-Allow-Methods", methods)]
 
-    def response(self, answer: HttpResponse) -> Response:
-        """`answer` as websockets' `Response`, with its length and the CORS headers."""
+    def response(self, answer: HttpResponse, head: bool = False) -> Response:
+        """`answer` as websockets' `Response`, with its length and the CORS headers; to a HEAD request
+        (`head`), without its body but with the length it has (RFC 9110 9.3.2)."""
         headers = Headers([("Content-Type", answer.content_type), ("Content-Length", str(len(answer.body))),
-                           *(answer.cors or self.cors_headers())])
-        return Response(answer.status.value, answer.status.phrase, headers, answer.body)
+                           *(answer.cors or self.cors_headers()), *answer.headers])
+        return Response(answer.status.value, answer.status.phrase, headers, b"" if head else answer.body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,21 +217,29 @@ class Answer:
 
 
 HANDOFF = object()
-"""The request is websockets' (an upgrade, or no route): give it `RequestReader.received`."""
+"""The request is websockets' (a GET of an endpoint no route answers, an upgrade above all): give it
+`RequestReader.received`."""
 
 Decision = Answer | HttpResponse | object
 """`Answer`, an `HttpResponse` refusing the request, or `HANDOFF`."""
 
 
-def _plain(status: HTTPStatus, reason: str) -> HttpResponse:
-    return HttpResponse(status, f"{reason}\n".encode(), "text/plain")
+def _plain(status: HTTPStatus, reason: str, headers: tuple[tuple[str, str], ...] = ()) -> HttpResponse:
+    return HttpResponse(status, f"{reason}\n".encode(), "text/plain", headers=headers)
+
+
+UPGRADE_REQUIRED = _plain(HTTPStatus.UPGRADE_REQUIRED, "upgrade required: this is a WebSocket endpoint "
+                          "(a Nostr relay); NIP-11 needs Accept: application/nostr+json",
+                          (("Upgrade", "websocket"),))
+"""The answer to a HEAD, or a GET with a body, of an endpoint (websockets' own answers a plain GET)."""
 
 
 class RequestReader:
     """Reads the one HTTP/1.1 request a connection begins with; `feed` its bytes until it decides.
 
     `received` keeps the bytes fed so far until the decision, so that a request handed to websockets is
-    given to it exactly as sent; it is None once the request is a route's.
+    given to it exactly as sent; it is None once the request is a route's.  `head`: the request is a HEAD,
+    whose answer goes without its body (`Routes.response`).
     """
 
     def __init__(self, routes: Routes, max_body_bytes: int) -> None:
@@ -198,6 +249,7 @@ class RequestReader:
         self.received: bytearray | None = bytearray()
         self._answer: Answer | None = None
         self._body = bytearray()
+        self.head = False
 
     @property
     def waits_for_continue(self) -> bool:
@@ -248,6 +300,7 @@ class RequestReader:
             status = HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE
             return _plain(status, status.phrase)
         request = HttpRequest(method, route_path(target), target, headers)
+        self.head = method == "HEAD"
         route = self._routes.find(request)
         if route is None:
             return self._unrouted(request)
@@ -259,12 +312,27 @@ class RequestReader:
         return None
 
     def _unrouted(self, request: HttpRequest) -> Decision:
-        """A CORS preflight's answer; 404 off the relay's endpoints; else websockets' request."""
+        """A CORS preflight's answer; 405 to a method the path does not answer; 404 off the relay's
+        endpoints and routes; 426 (400 to an upgrade) to a HEAD or a GET with a body; else websockets'
+        request, which websockets could not answer were it anything but a GET without a body."""
         if (preflight := self._routes.preflight(request)) is not None:
             return preflight
-        if not self._routes.is_endpoint(request.path):
+        allowed = self._routes.allowed(request.path)
+        if not allowed:
             return _plain(HTTPStatus.NOT_FOUND, "not found: not this relay's endpoint")
-        return HANDOFF
+        if request.method not in allowed:
+            return _plain(HTTPStatus.METHOD_NOT_ALLOWED, f"method not allowed: {request.method:.20}",
+                          (("Allow", ", ".join(allowed)),))
+        if not self._routes.is_endpoint(request.path):  # a GET or HEAD no route's media type matched
+            return _plain(HTTPStatus.NOT_FOUND, "not found: not this relay's endpoint")
+        # (websockets takes Content-Length fields of 0 as no body, as some devices send them)
+        has_body = any(name == "transfer-encoding" or (name == "content-length" and value != "0")
+                       for name, value in request.headers)
+        if request.method == "GET" and not has_body:
+            return HANDOFF
+        if request.method == "GET" and request.header("upgrade"):
+            return _plain(HTTPStatus.BAD_REQUEST, "bad request: a WebSocket opening request has no body")
+        return UPGRADE_REQUIRED  # a HEAD, or a GET with a body, of an endpoint
 
     def _too_large(self) -> HttpResponse:
         return _plain(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
