@@ -1,8 +1,8 @@
 """The `[[policies]]` chain: each event of a listed source goes through the write policies in order.
 
-How this works: `Policies.load(configs)` imports each `call` (or starts
-nothing yet for a `command`: relay/policies/plugin.py starts it at the first
-event) and keeps, per source name, the policies that list it.  `judge(event,
+How this works: `Policies.load(configs)` imports each `call` (or, for a
+`command`, checks that its program can be executed and starts nothing yet:
+relay/policies/plugin.py starts it at the first event) and keeps, per source name, the policies that list it.  `judge(event,
 source, done)` runs them after the signature check, in file order, until one
 does not accept; `done(verdict)` gets the first verdict that is not ACCEPT,
 or ACCEPT.  A policy that returns at once costs a call; the first awaitable
@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import shutil
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -53,9 +54,15 @@ def load(config: PolicyConfig) -> Policy:
     """The policy of one `[[policies]]` table.
 
     Raises:
-        ConfigError: the module cannot be imported, has no such callable, or its factory refused the options.
+        ConfigError: the module cannot be imported, has no such callable, or its factory refused the options;
+            a command's program is not found (on PATH, for a bare name) or is not an executable file.
     """
     if config.command:
+        program = config.command[0]
+        # Checked now, not at the first event: a typo must stop the start, not refuse every event later.
+        if shutil.which(program) is None:
+            raise ConfigError(f"policies: {config.name}: cannot run {program!r}: "
+                              "no such executable file (a bare name is looked up on PATH)")
         plugin = Plugin(config.name, list(config.command))
         return Policy(config.name, plugin, config.sources, config.timeout_seconds, plugin)
     module_name, _, function_name = config.call.partition(":")

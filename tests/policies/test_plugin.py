@@ -129,7 +129,11 @@ async def test_a_plugin_that_dies_is_restarted_and_meanwhile_refuses_with_error(
 
 
 async def test_a_plugin_that_cannot_start_refuses_with_error(tmp_path, alice: Keys):
-    """A command that does not exist: the relay serves, and every event of the source is refused with "error:"."""
-    async with serving(tmp_path, '[[policies]]\ncommand = ["/no/such/plugin"]') as relay:
+    """An executable file whose interpreter is missing (found at load, failing when started): the relay serves,
+    and every event of the source is refused with "error:"."""
+    script = tmp_path / "plugin"
+    script.write_text("#!/no/such/interpreter\n")
+    script.chmod(0o755)
+    async with serving(tmp_path, f'[[policies]]\ncommand = ["{script}"]') as relay:
         client = await Client.connect(relay.url)
         assert (await client.publish(alice.sign(content="x")))[2:] == [False, NOT_RUNNING]
