@@ -8,7 +8,8 @@ does not accept; `done(verdict)` gets the first verdict that is not ACCEPT,
 or ACCEPT.  A policy that returns at once costs a call; the first awaitable
 moves the rest of the chain into a task.  A policy that raises, answers
 something other than a `Verdict` or overruns `timeout_seconds` refuses the
-event with "error:" and is logged with its name; overruns are counted, and
+event with "error:" and is logged with its name; a message longer than
+`MAX_MESSAGE_CHARS` is cut there (ending in "…"); overruns are counted, and
 a plugin that overran is killed (`Plugin.overran`).  Nothing a policy does
 reaches the connection or the relay beyond that one event's answer.
 """
@@ -37,6 +38,8 @@ log = structlog.get_logger(__name__)
 FAILED = reject("error: a write policy failed")
 TOO_SLOW = reject("error: a write policy took too long")
 Judged = Callable[[Verdict], None]
+MAX_MESSAGE_CHARS = 1000
+"""A policy's reject message is cut to this many characters, the last one "…" (it is sent in an OK frame)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,10 +147,12 @@ class Policies:
             return self._failed(policy, exc, event)
 
     def _checked(self, policy: Policy, verdict: object, seconds: float, event: Event) -> Verdict:
-        """`verdict` once it is one; raises TypeError otherwise.  A synchronous policy cannot be stopped: past its
-        budget, its verdict is dropped and the event refused."""
+        """`verdict` once it is one, its message cut to MAX_MESSAGE_CHARS; raises TypeError otherwise.  A
+        synchronous policy cannot be stopped: past its budget, its verdict is dropped and the event refused."""
         if type(verdict) is not Verdict or verdict.action not in ACTIONS:
-            raise TypeError(f"a policy must return a relay.policies.Verdict, got {verdict!r}")
+            raise TypeError(f"a policy must return a relay.policies.Verdict, got {verdict!r:.200}")
+        if len(verdict.message) > MAX_MESSAGE_CHARS:
+            verdict = Verdict(verdict.action, verdict.message[:MAX_MESSAGE_CHARS - 1] + "…")
         if seconds > policy.timeout_seconds:
             return self._overrun(policy, event)
         if verdict.action != "accept":

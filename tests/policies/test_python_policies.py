@@ -7,6 +7,7 @@ from structlog.testing import capture_logs
 
 from relay.config import ConfigError
 from relay.ingest import IMPORT
+from relay.ingest.policies import MAX_MESSAGE_CHARS
 from tests.helpers import Client, Keys
 from tests.inprocess import Relay
 from tests.policies import sample
@@ -46,6 +47,14 @@ async def test_verdicts_reach_the_client_with_a_nip01_prefix(chained, alice: Key
     assert (await client.publish(async_no))[2:] == [False, "blocked: async says no"]
     assert [e["id"] for e in await client.req("all", {})] == [ok["id"]]
     assert stats(relay, "tests.policies.sample:by_content")["rejected"] == 2
+
+
+async def test_a_long_reject_message_is_cut_to_1000_characters(chained, alice: Keys):
+    """A policy's 5,000-character message reaches the client as its first 999 characters and "…"."""
+    client = await Client.connect(chained.url)
+    reply = await client.publish(alice.sign(content="reject-long"))
+    assert reply[2:] == [False, "blocked: " + "m" * (MAX_MESSAGE_CHARS - 10) + "…"]
+    assert len(reply[3]) == MAX_MESSAGE_CHARS
 
 
 async def test_shadow_reject_answers_ok_true_stores_nothing_and_tells_no_one(chained, alice: Keys):
