@@ -215,7 +215,10 @@ class ManagementApi:
             raise Rejection("restricted", "this pubkey is not an admin of this relay and was granted no method")
         self._used = {i: end for i, end in self._used.items() if end >= now}  # admins' and grantees': few
         if event.id in self._used:
-            raise Rejection("invalid", "NIP-98: this auth event was used already")
+            # Replay protection: NIP-98's id covers created_at, tags and content, not the signature, so two
+            # identical calls signed within one second share it; the message says how to tell them apart.
+            raise Rejection("invalid", "NIP-98: this auth event was used already; sign a new auth event (two "
+                            "identical calls need different created_at or an extra tag)")
         self._used[event.id] = event.created_at + self.max_age_seconds
         return event.pubkey, allowed
 
