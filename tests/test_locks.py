@@ -34,6 +34,40 @@ def test_a_second_relay_on_the_same_database_exits_2_naming_the_first(tmp_path):
         first.wait_health(port)
 
 
+def test_a_symbolic_link_to_a_served_database_is_the_same_database(tmp_path):
+    """`relay serve --db LINK` where LINK leads to a served database: exit 2 naming the first's pid, and nothing
+    made beside the link (no lock file, no node key)."""
+    (tmp_path / "x").mkdir()
+    (tmp_path / "y").mkdir()
+    db, link = tmp_path / "x" / "r.db", tmp_path / "y" / "link.db"
+    port = free_port()
+    with Served(tmp_path, "--db", db, "--port", port) as first:
+        first.wait_health(port)
+        link.symlink_to(db)
+        code, lines = _second_serve(tmp_path, "--db", link, "--port", 0)
+        assert code == 2
+        assert lines == [f"relay: database {link} is held by another relay (pid {first.proc.pid}); "
+                         "stop it first, or serve another database (--db)"]
+        assert sorted(p.name for p in (tmp_path / "y").iterdir()) == ["link.db"]
+        first.wait_health(port)
+
+
+def test_a_hard_link_to_a_served_database_is_the_same_database(tmp_path):
+    """`relay serve --db HARDLINK` (another name of the served file, in another directory): exit 2; the first
+    keeps serving."""
+    (tmp_path / "y").mkdir()
+    db, link = tmp_path / "r.db", tmp_path / "y" / "hard.db"
+    port = free_port()
+    with Served(tmp_path, "--db", db, "--port", port) as first:
+        first.wait_health(port)
+        link.hardlink_to(db)
+        code, lines = _second_serve(tmp_path, "--db", link, "--port", 0)
+        assert code == 2
+        assert lines == [f"relay: database {link} (through another name: a hard link) is held by another relay "
+                         "(pid unknown); stop it first, or serve another database (--db)"]
+        first.wait_health(port)
+
+
 def test_a_second_relay_on_the_same_port_exits_2_naming_the_first(tmp_path):
     """`relay serve --port P` while a relay holds P (with another database): exit 2, one line naming its pid and
     how to choose another port."""
