@@ -231,6 +231,26 @@ async def test_kinds_of_config_and_database_combine_and_a_deny_wins(tmp_path, al
         await relay.stop()
 
 
+async def test_allowkind_and_disallowkind_undo_each_other_back_to_every_kind(managed, alice):
+    """allowkind 1 -> only kind 1; disallowkind 1 only takes it off the allow list -> every kind again;
+    disallowkind 1 -> kind 1 denied; allowkind 1 only lifts that -> every kind again (both lists empty)."""
+    client = await Client.connect(managed.url)
+
+    async def accepted(kind: int) -> bool:
+        return (await client.publish(alice.sign(kind=kind, content=f"{kind} {time.monotonic()}")))[2]
+
+    async def lists() -> tuple[list, list]:
+        return await result(managed.port, "listallowedkinds"), await result(managed.port, "listdisallowedkinds")
+
+    steps = (("allowkind", ([1], []), {1: True, 7: False}), ("disallowkind", ([], []), {1: True, 7: True}),
+             ("disallowkind", ([], [1]), {1: False, 7: True}), ("allowkind", ([], []), {1: True, 7: True}))
+    for method, listed, outcomes in steps:
+        assert await result(managed.port, method, 1) is True
+        assert await lists() == listed, method
+        assert {kind: await accepted(kind) for kind in outcomes} == outcomes, method
+    await client.close()
+
+
 async def test_allowpubkey_lets_an_author_publish_when_writes_are_listed(tmp_path, alice, bob):
     """[auth] write = listed with only alice listed: bob is refused until allowpubkey, again after unallowpubkey;
     banpubkey takes a pubkey off the allow list (NIP-86); listallowedpubkeys gives the config's and the
