@@ -10,9 +10,10 @@ names the holder from the file (`LockHeld`).  A hard link is another name of
 the same file that no path resolves to, so the database file itself is
 flocked too (created empty if absent, and removed on release if still empty:
 a relay refused at start leaves no database behind); SQLite's own locks are
-POSIX record locks, which a flock neither takes nor blocks on Linux.  The kernel drops a flock when its process dies, however
-it dies (SIGKILL included), so a lock never outlives its relay and needs no
-clean-up; a file left behind means nothing while nobody holds its lock.
+POSIX record locks, which a flock neither takes nor blocks on Linux.  The
+kernel drops a flock when its process dies, however it dies (SIGKILL
+included), so a lock never outlives its relay and needs no clean-up; a file
+left behind means nothing while nobody holds its lock.
 
 Scope: containers sharing a database volume share its lock (one kernel; the
 holder's pid is then that of its own container, so the host is named too).

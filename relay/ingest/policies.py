@@ -2,8 +2,9 @@
 
 How this works: `Policies.load(configs)` imports each `call` (or, for a
 `command`, checks that its program can be executed and starts nothing yet:
-relay/policies/plugin.py starts it at the first event) and keeps, per source name, the policies that list it.  `judge(event,
-source, done)` runs them after the signature check, in file order, until one
+relay/policies/plugin.py starts it at the first event) and keeps, per
+source name, the policies that list it.  `judge(event, source, done)` runs
+them after the signature check, in file order, until one
 does not accept; `done(verdict)` gets the first verdict that is not ACCEPT,
 or ACCEPT.  A policy that returns at once costs a call; the first awaitable
 moves the rest of the chain into a task.  A policy that raises, answers

@@ -9,8 +9,8 @@ the plugin prints one answer per line, `{"id": <event id>, "action": "accept"
 matched to requests by id, so they may come in any order.  A line that is not
 such an answer refuses the event it names, or, naming none, the oldest one
 waiting ("error:"); so does a line longer than `MAX_LINE_BYTES`, which is
-skipped to its end without being kept.  A plugin that exits is started again at the next event
-after a pause (1 s, doubling per exit up to 30 s; counted and logged), and
+skipped to its end without being kept.  A plugin that exits is started
+again at the next event after a pause (1 s, doubling per exit up to 30 s; counted and logged), and
 meanwhile its events are refused with "error:", never accepted unchecked; one
 that overruns its time budget (`overran`, called by relay/ingest/policies.py)
 is killed and started again at the next event.  One process per relay,
@@ -38,7 +38,7 @@ STOPPED = "error: the write policy plugin stopped"
 FIRST_PAUSE_SECONDS, MAX_PAUSE_SECONDS = 1.0, 30.0
 _STEADY_SECONDS = 60.0  # a plugin that ran this long before exiting starts again after the first pause
 MAX_LINE_BYTES = 65_536
-"""An answer line longer than this (newline included) is a bad line; answers are an id, an action and a message."""
+"""An answer line longer than this is a bad line (answers are an id, an action and a message)."""
 _NAMED_ID = re.compile(rb'"id"\s*:\s*"([0-9a-f]{64})"')  # the id an overlong line names, if its head shows one
 
 
@@ -156,7 +156,7 @@ class Plugin:
         await process.wait()
         self._exited(process)
 
-    def _answer(self, line: bytes, whole: bool = True) -> None:
+    def _answer(self, line: bytes, whole: bool) -> None:
         """Settle the request `line` answers; `whole` False: `line` is only the head of an overlong line."""
         if whole:
             event_id, verdict = parse_answer(line)
