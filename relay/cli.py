@@ -81,7 +81,7 @@ def _ban_parsers(commands, common: argparse.ArgumentParser) -> None:
     unban = commands.add_parser("unban", parents=[common], help="lift a ban on an event or pubkey, or unblock an IP")
     unban.add_argument("what", choices=("event", "pubkey", "ip"))
     unban.add_argument("item", help="the 64-hex event id or pubkey, or the IP address or network")
-    bans = commands.add_parser("bans", parents=[common], help="banned pubkeys and events, blocked IPs")
+    bans = commands.add_parser("bans", parents=[common], help="banned pubkeys and events, blocked IPs, kind rules")
     bans.add_argument("--json", action="store_true", help="print JSON for scripts")
 
 

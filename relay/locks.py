@@ -1,13 +1,19 @@
 """One relay per database and per port: exclusive locks that `relay serve` holds for its whole life.
 
 How this works: before it opens the store, `relay serve` takes an exclusive
-`flock` on a file beside the database (`<db>.lock`), and before it binds a
-fixed port, one on `relay-port-<port>.lock` in the temporary directory; it
-then writes into each file who holds it (pid, host, database, port, as JSON).
-A second `relay serve` finds the lock taken and names the holder from the
-file (`LockHeld`).  The kernel drops a flock when its process dies, however
-it dies (SIGKILL included), so a lock never outlives its relay and needs no
-clean-up; a file left behind means nothing while nobody holds its lock.
+`flock` on a file beside the database (`<db>.lock`, beside the file a
+symbolic link leads to: every path of one database names one lock file), and
+before it binds a fixed port, one on `relay-port-<port>.lock` in the
+temporary directory; it then writes into each file who holds it (pid, host,
+database, port, as JSON).  A second `relay serve` finds the lock taken and
+names the holder from the file (`LockHeld`).  A hard link is another name of
+the same file that no path resolves to, so the database file itself is
+flocked too (created empty if absent, and removed on release if still empty:
+a relay refused at start leaves no database behind); SQLite's own locks are
+POSIX record locks, which a flock neither takes nor blocks on Linux.  The
+kernel drops a flock when its process dies, however it dies (SIGKILL
+included), so a lock never outlives its relay and needs no clean-up; a file
+left behind means nothing while nobody holds its lock.
 
 Scope: containers sharing a database volume share its lock (one kernel; the
 holder's pid is then that of its own container, so the host is named too).
@@ -90,11 +96,63 @@ def _read_holder(fd: int) -> dict:
     return holder if isinstance(holder, dict) else {}
 
 
-def database_lock(db_path: str | Path) -> InstanceLock:
-    """The lock of the SQLite database at `db_path`: `<db_path>.lock` beside it."""
-    path = Path(db_path)
-    return InstanceLock(path.with_name(path.name + ".lock"), f"database {db_path}",
-                        "stop it first, or serve another database (--db)")
+class DatabaseLock(InstanceLock):
+    """The lock of the SQLite database at `db_path` (symbolic links followed): `<real path>.lock`, naming its
+    holder, and a flock on the database file itself, which any hard link of it shares (see the module comment)."""
+
+    def __init__(self, db_path: str | Path) -> None:
+        self.database = Path(db_path).resolve()
+        super().__init__(self.database.with_name(self.database.name + ".lock"), f"database {db_path}",
+                         "stop it first, or serve another database (--db)")
+        self._db_fd: int | None = None
+        self._created = False
+
+    def acquire(self, about: dict) -> None:
+        """Take both flocks or raise `LockHeld` (holding neither); the holder of the file's own flock alone (a
+        relay on a hard link) is named "pid unknown": its lock file is beside its other name.
+
+        Raises:
+            LockHeld: another process holds either.
+            OSError: a file cannot be created or opened.
+        """
+        super().acquire(about)
+        try:
+            fd, self._created = _open_database(self.database)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise LockHeld(f"{self.what} (through another name: a hard link)", {}, self.advice) from None
+        except BaseException:
+            super().release()
+            raise
+        self._db_fd = fd
+
+    def release(self) -> None:
+        """Let both locks go, first removing the database file if this lock created it and it is still empty."""
+        if self._db_fd is not None:
+            if self._created and os.fstat(self._db_fd).st_size == 0:
+                self.database.unlink(missing_ok=True)
+            os.close(self._db_fd)
+            self._db_fd = None
+        super().release()
+
+
+def _open_database(path: Path) -> tuple[int, bool]:
+    """(a descriptor of the database file at `path`, whether it was created now, empty)."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+    except FileExistsError:
+        pass
+    try:
+        return os.open(path, os.O_RDWR), False
+    except PermissionError:  # refused later by the store, with a better message; a read-only one can flock
+        return os.open(path, os.O_RDONLY), False
+
+
+def database_lock(db_path: str | Path) -> DatabaseLock:
+    """The lock of the SQLite database at `db_path` (see `DatabaseLock`)."""
+    return DatabaseLock(db_path)
 
 
 PORT_ADVICE = "choose another port with --port or RELAY_SERVER__PORT (0: any free port)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from relay.ingest.moderation import Moderation
 from relay.node import open_store
 from tests.conftest import make_config
 from tests.helpers import Client, eventually
@@ -42,7 +43,8 @@ async def test_ban_unban_and_bans_keep_verify_clean(tmp_path, alice, bob):
     assert json.loads(out) == {
         "pubkeys": [{"pubkey": alice.pubkey, "reason": "", "at": json.loads(out)["pubkeys"][0]["at"],
                      "purging": False}],
-        "events": [{"id": spam["id"], "reason": "spam", "at": json.loads(out)["events"][0]["at"]}], "ips": []}
+        "events": [{"id": spam["id"], "reason": "spam", "at": json.loads(out)["events"][0]["at"]}], "ips": [],
+        "kinds": []}
     assert (await _cli(db, "unban", "pubkey", alice.pubkey))[0] == 0
     assert (await _cli(db, "unban", "event", spam["id"]))[0] == 0
     assert (await _cli(db, "unban", "ip", "192.0.2.1"))[0] == 1
@@ -51,6 +53,25 @@ async def test_ban_unban_and_bans_keep_verify_clean(tmp_path, alice, bob):
     code, out, _ = await _cli(db, "bans")
     assert (code, out) == (0, "")
     await _verify(db)
+
+
+async def test_bans_lists_the_kind_rules_of_the_config_and_the_database(tmp_path):
+    """`relay bans` shows `[auth] deny_kinds` (reason "config: ...") and NIP-86's allowkind/disallowkind rows."""
+    config = make_config(tmp_path)
+    moderation = await Moderation.open(await open_store(config), config)
+    await moderation.set_kind(7, allow=True, reason="reactions only")
+    await moderation.set_kind(4, allow=False)
+    await moderation.store.close()
+    toml = tmp_path / "relay.toml"
+    toml.write_text("[auth]\ndeny_kinds = [1059]\n")
+    code, out, _ = await _cli(config.store.path, "bans", "--json", "--config", toml)
+    assert code == 0
+    kinds = [{k: v for k, v in row.items() if k != "at"} for row in json.loads(out)["kinds"]]
+    assert kinds == [{"kind": 1059, "rule": "deny", "reason": "config: [auth] deny_kinds"},
+                     {"kind": 7, "rule": "allow", "reason": "reactions only"},
+                     {"kind": 4, "rule": "deny", "reason": ""}]
+    code, out, _ = await _cli(config.store.path, "bans", "--config", toml)
+    assert out.splitlines()[0] == "kind\t1059\tdeny\tconfig: [auth] deny_kinds\t0"
 
 
 async def test_a_ban_from_the_command_line_reaches_a_running_relay(tmp_path, alice):

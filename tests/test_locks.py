@@ -34,6 +34,28 @@ def test_a_second_relay_on_the_same_database_exits_2_naming_the_first(tmp_path):
         first.wait_health(port)
 
 
+@pytest.mark.parametrize("link_kind, held, beside", [
+    ("symbolic", "is held by another relay (pid {pid})", ["link.db"]),  # the lock file found through the link
+    ("hard", "(through another name: a hard link) is held by another relay (pid unknown)",
+     ["link.db", "link.db.lock"])])  # its own lock file, free: the database file's flock refused it
+def test_a_link_to_a_served_database_is_the_same_database(tmp_path, link_kind, held, beside):
+    """`relay serve --db LINK` where LINK (in another directory) is a symbolic or hard link to a served database:
+    exit 2 with one line, no node key made beside the link; the first keeps serving."""
+    (tmp_path / "x").mkdir()
+    (tmp_path / "y").mkdir()
+    db, link = tmp_path / "x" / "r.db", tmp_path / "y" / "link.db"
+    port = free_port()
+    with Served(tmp_path, "--db", db, "--port", port) as first:
+        first.wait_health(port)
+        link.symlink_to(db) if link_kind == "symbolic" else link.hardlink_to(db)
+        code, lines = _second_serve(tmp_path, "--db", link, "--port", 0)
+        assert code == 2
+        assert lines == [f"relay: database {link} {held.format(pid=first.proc.pid)}; "
+                         "stop it first, or serve another database (--db)"]
+        assert sorted(p.name for p in (tmp_path / "y").iterdir()) == beside
+        first.wait_health(port)
+
+
 def test_a_second_relay_on_the_same_port_exits_2_naming_the_first(tmp_path):
     """`relay serve --port P` while a relay holds P (with another database): exit 2, one line naming its pid and
     how to choose another port."""

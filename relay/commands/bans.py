@@ -20,7 +20,14 @@ from relay.config import Config
 from relay.ingest.moderation import Moderation
 from relay.node import open_store
 from relay.protocol.event import is_hex64
-from relay.store.moderation import BANNED_EVENT, BANNED_PUBKEY, BLOCKED_IP, PURGE_PUBKEY
+from relay.store.moderation import (
+    ALLOWED_KIND,
+    BANNED_EVENT,
+    BANNED_PUBKEY,
+    BLOCKED_IP,
+    DISALLOWED_KIND,
+    PURGE_PUBKEY,
+)
 
 _LISTS = {"pubkey": (BANNED_PUBKEY, PURGE_PUBKEY), "event": (BANNED_EVENT,), "ip": (BLOCKED_IP,)}
 """What `relay unban WHAT X` takes X off; a pubkey's unfinished purge stops with its ban."""
@@ -84,10 +91,13 @@ async def run_unban(config: Config, what: str, item: str) -> int:
 
 
 async def run_bans(config: Config, as_json: bool) -> int:
-    """`relay bans [--json]`: banned pubkeys (with unfinished purges), banned events and blocked IPs.
+    """`relay bans [--json]`: banned pubkeys (with unfinished purges), banned events, blocked IPs, and the kind
+    rules: the configuration's (`[auth] allow_kinds`, `deny_kinds`; reason "config: ...", `at` 0), then the
+    database's (NIP-86 `allowkind`, `disallowkind`).
 
     JSON shape: `{"pubkeys": [{"pubkey", "reason", "at", "purging"}], "events": [{"id", "reason", "at"}],
-    "ips": [{"ip", "reason", "at"}]}`, `at` in unix seconds; else one tab-separated line each.
+    "ips": [{"ip", "reason", "at"}], "kinds": [{"kind": int, "rule": "allow" | "deny", "reason", "at"}]}`,
+    `at` in unix seconds; else one tab-separated line each.
     """
     moderation = await _open(config)
     await moderation.store.close()
@@ -97,6 +107,12 @@ async def run_bans(config: Config, as_json: bool) -> int:
                     for e in moderation.entries(BANNED_PUBKEY)],
         "events": [{"id": e.item, "reason": e.reason, "at": e.at} for e in moderation.entries(BANNED_EVENT)],
         "ips": [{"ip": e.item, "reason": e.reason, "at": e.at} for e in moderation.entries(BLOCKED_IP)],
+        "kinds": [{"kind": kind, "rule": rule, "reason": f"config: [auth] {key}", "at": 0}
+                  for rule, key, kinds in (("allow", "allow_kinds", config.auth.allow_kinds),
+                                           ("deny", "deny_kinds", config.auth.deny_kinds)) for kind in sorted(kinds)]
+                 + [{"kind": int(e.item), "rule": rule, "reason": e.reason, "at": e.at}
+                    for rule, name in (("allow", ALLOWED_KIND), ("deny", DISALLOWED_KIND))
+                    for e in moderation.entries(name)],
     }
     if as_json:
         print(json.dumps(found, ensure_ascii=False))

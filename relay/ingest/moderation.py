@@ -11,7 +11,8 @@ connection.  `refresh_forever` reads it again whenever another process (the
 
 Which rule wins: a deny in either place wins.  Kinds: `[auth] allow_kinds`
 plus NIP-86 `allowkind` make one allow list (empty: every kind), and
-`[auth] deny_kinds` plus `disallowkind` one deny list.  Writers: `[auth]
+`[auth] deny_kinds` plus `disallowkind` one deny list; each call undoes the
+other first (`set_kind`), so both database lists can be emptied again.  Writers: `[auth]
 write_pubkeys` plus `allowpubkey` (they matter when `[auth] write` is
 `listed` or `authenticated`).  A banned event or author is refused from
 every source.  NIP-86's name, description and icon override `[info]` until
@@ -165,6 +166,16 @@ class Moderation:
         gone = await self.store.run_job(bans.remove_entry, names, item)
         await self.load()
         return gone
+
+    async def set_kind(self, kind: int, allow: bool, reason: str = "") -> bool:
+        """NIP-86 `allowkind` (`allow`) or `disallowkind` of `kind` (0..65535), on the database's lists: a kind on
+        the opposite list is only taken off it (True); another is put on this one (False).  So `allowkind k`
+        after `disallowkind k` goes back to the rules before, and not to "only k is allowed"."""
+        name, opposite = (ALLOWED_KIND, DISALLOWED_KIND) if allow else (DISALLOWED_KIND, ALLOWED_KIND)
+        lifted = await self.store.run_job(bans.lift_or_set, Entry(name, str(kind), reason, int(time.time())),
+                                          opposite)
+        await self.load()
+        return lifted
 
     async def ban_event(self, event_id: str, reason: str = "") -> bool:
         """Ban the event of 64-hex `event_id` and remove it if stored (True then); see relay/store/bans.py."""

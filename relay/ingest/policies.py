@@ -1,14 +1,16 @@
 """The `[[policies]]` chain: each event of a listed source goes through the write policies in order.
 
-How this works: `Policies.load(configs)` imports each `call` (or starts
-nothing yet for a `command`: relay/policies/plugin.py starts it at the first
-event) and keeps, per source name, the policies that list it.  `judge(event,
-source, done)` runs them after the signature check, in file order, until one
+How this works: `Policies.load(configs)` imports each `call` (or, for a
+`command`, checks that its program can be executed and starts nothing yet:
+relay/policies/plugin.py starts it at the first event) and keeps, per
+source name, the policies that list it.  `judge(event, source, done)` runs
+them after the signature check, in file order, until one
 does not accept; `done(verdict)` gets the first verdict that is not ACCEPT,
 or ACCEPT.  A policy that returns at once costs a call; the first awaitable
 moves the rest of the chain into a task.  A policy that raises, answers
 something other than a `Verdict` or overruns `timeout_seconds` refuses the
-event with "error:" and is logged with its name; overruns are counted, and
+event with "error:" and is logged with its name; a message longer than
+`MAX_MESSAGE_CHARS` is cut there (ending in "…"); overruns are counted, and
 a plugin that overran is killed (`Plugin.overran`).  Nothing a policy does
 reaches the connection or the relay beyond that one event's answer.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import shutil
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -36,6 +39,8 @@ log = structlog.get_logger(__name__)
 FAILED = reject("error: a write policy failed")
 TOO_SLOW = reject("error: a write policy took too long")
 Judged = Callable[[Verdict], None]
+MAX_MESSAGE_CHARS = 1000
+"""A policy's reject message is cut to this many characters, the last one "…" (it is sent in an OK frame)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +58,15 @@ def load(config: PolicyConfig) -> Policy:
     """The policy of one `[[policies]]` table.
 
     Raises:
-        ConfigError: the module cannot be imported, has no such callable, or its factory refused the options.
+        ConfigError: the module cannot be imported, has no such callable, or its factory refused the options;
+            a command's program is not found (on PATH, for a bare name) or is not an executable file.
     """
     if config.command:
+        program = config.command[0]
+        # Checked now, not at the first event: a typo must stop the start, not refuse every event later.
+        if shutil.which(program) is None:
+            raise ConfigError(f"policies: {config.name}: cannot run {program!r}: "
+                              "no such executable file (a bare name is looked up on PATH)")
         plugin = Plugin(config.name, list(config.command))
         return Policy(config.name, plugin, config.sources, config.timeout_seconds, plugin)
     module_name, _, function_name = config.call.partition(":")
@@ -137,10 +148,12 @@ class Policies:
             return self._failed(policy, exc, event)
 
     def _checked(self, policy: Policy, verdict: object, seconds: float, event: Event) -> Verdict:
-        """`verdict` once it is one; raises TypeError otherwise.  A synchronous policy cannot be stopped: past its
-        budget, its verdict is dropped and the event refused."""
+        """`verdict` once it is one, its message cut to MAX_MESSAGE_CHARS; raises TypeError otherwise.  A
+        synchronous policy cannot be stopped: past its budget, its verdict is dropped and the event refused."""
         if type(verdict) is not Verdict or verdict.action not in ACTIONS:
-            raise TypeError(f"a policy must return a relay.policies.Verdict, got {verdict!r}")
+            raise TypeError(f"a policy must return a relay.policies.Verdict, got {verdict!r:.200}")
+        if len(verdict.message) > MAX_MESSAGE_CHARS:
+            verdict = Verdict(verdict.action, verdict.message[:MAX_MESSAGE_CHARS - 1] + "…")
         if seconds > policy.timeout_seconds:
             return self._overrun(policy, event)
         if verdict.action != "accept":

@@ -8,8 +8,9 @@ the plugin prints one answer per line, `{"id": <event id>, "action": "accept"
 | "reject" | "shadowReject", "msg": <OK message of a reject>}`.  Answers are
 matched to requests by id, so they may come in any order.  A line that is not
 such an answer refuses the event it names, or, naming none, the oldest one
-waiting ("error:").  A plugin that exits is started again at the next event
-after a pause (1 s, doubling per exit up to 30 s; counted and logged), and
+waiting ("error:"); so does a line longer than `MAX_LINE_BYTES`, which is
+skipped to its end without being kept.  A plugin that exits is started
+again at the next event after a pause (1 s, doubling per exit up to 30 s; counted and logged), and
 meanwhile its events are refused with "error:", never accepted unchecked; one
 that overruns its time budget (`overran`, called by relay/ingest/policies.py)
 is killed and started again at the next event.  One process per relay,
@@ -19,6 +20,7 @@ run by the relay process (with worker processes, it would run in the writer).
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections import deque
 
@@ -35,7 +37,9 @@ BAD_ANSWER = "error: the write policy plugin answered badly"
 STOPPED = "error: the write policy plugin stopped"
 FIRST_PAUSE_SECONDS, MAX_PAUSE_SECONDS = 1.0, 30.0
 _STEADY_SECONDS = 60.0  # a plugin that ran this long before exiting starts again after the first pause
-_MAX_LINE_BYTES = 16 * 1_048_576  # an answer line past it is a bad line, and the plugin is restarted
+MAX_LINE_BYTES = 65_536
+"""An answer line longer than this is a bad line (answers are an id, an action and a message)."""
+_NAMED_ID = re.compile(rb'"id"\s*:\s*"([0-9a-f]{64})"')  # the id an overlong line names, if its head shows one
 
 
 def request_line(event: Event, source: object, received_at: int) -> bytes:
@@ -133,7 +137,7 @@ class Plugin:
         self._started_at = time.monotonic()
         try:
             process = await asyncio.create_subprocess_exec(*self.command, stdin=asyncio.subprocess.PIPE,
-                                                           stdout=asyncio.subprocess.PIPE, limit=_MAX_LINE_BYTES)
+                                                           stdout=asyncio.subprocess.PIPE, limit=MAX_LINE_BYTES)
         except OSError as exc:
             log.error("policy_plugin_not_started", policy=self.name, error=str(exc))
             self._pause_restart()
@@ -146,21 +150,23 @@ class Plugin:
         return process
 
     async def _read(self, process: asyncio.subprocess.Process) -> None:
-        try:
-            while line := await process.stdout.readline():
-                if self._process is process:  # not one let go: its late answers are for requests refused
-                    self._answer(line)
-        except ValueError:  # a line past _MAX_LINE_BYTES
-            self.bad_lines += 1
-            process.kill()
+        while line := await _read_line(process.stdout):
+            if self._process is process:  # not one let go: its late answers are for requests refused
+                self._answer(*line)
         await process.wait()
         self._exited(process)
 
-    def _answer(self, line: bytes) -> None:
-        event_id, verdict = parse_answer(line)
+    def _answer(self, line: bytes, whole: bool) -> None:
+        """Settle the request `line` answers; `whole` False: `line` is only the head of an overlong line."""
+        if whole:
+            event_id, verdict = parse_answer(line)
+        else:
+            named = _NAMED_ID.search(line)
+            event_id, verdict = (named[1].decode() if named else None), None
         if verdict is None or event_id not in self._waiting:
             self.bad_lines += 1
-            log.warning("policy_plugin_bad_line", policy=self.name, line=line[:200].decode(errors="replace"))
+            log.warning("policy_plugin_bad_line", policy=self.name, line=line[:200].decode(errors="replace"),
+                        overlong=not whole)
             if event_id not in self._waiting:  # it names no waiting event: the oldest one is refused
                 event_id = self._oldest_waiting()
                 if event_id is None:
@@ -201,3 +207,23 @@ class Plugin:
             for future in futures:
                 if not future.done():
                     future.set_result(reject(STOPPED))
+
+
+async def _read_line(stream: asyncio.StreamReader) -> tuple[bytes, bool] | None:
+    """The next line of `stream` (its limit is MAX_LINE_BYTES) as (line, True), or (its first bytes, False) for a
+    longer line, whose rest is read and dropped; None at the end of the stream."""
+    try:
+        return await stream.readuntil(b"\n"), True
+    except asyncio.IncompleteReadError as end:  # a last line without its newline, or nothing
+        return (end.partial, True) if end.partial else None
+    except asyncio.LimitOverrunError as overrun:
+        head = await stream.readexactly(overrun.consumed)  # what the buffer holds, at most about the limit
+    while True:  # drop the rest, a buffer at a time, up to and with its newline
+        try:
+            await stream.readuntil(b"\n")
+        except asyncio.LimitOverrunError as overrun:
+            await stream.readexactly(overrun.consumed)
+            continue
+        except asyncio.IncompleteReadError:
+            pass  # the output ended inside it
+        return head, False

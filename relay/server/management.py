@@ -55,8 +55,8 @@ def _reason(params: list) -> str:
     return param(params, 1, "a string (the reason)", lambda v: type(v) is str, default="")
 
 
-def _kind(params: list) -> str:
-    return str(param(params, 0, f"a kind from 0 to {MAX_KIND}", lambda v: type(v) is int and 0 <= v <= MAX_KIND))
+def _kind(params: list) -> int:
+    return param(params, 0, f"a kind from 0 to {MAX_KIND}", lambda v: type(v) is int and 0 <= v <= MAX_KIND)
 
 
 def _is_ip(value: object) -> bool:
@@ -140,6 +140,13 @@ def _lister(name: str, key: str) -> Method:
     return listed
 
 
+def _set_kind(allow: bool) -> Method:
+    async def change(moderation: Moderation, params: list) -> bool:
+        await moderation.set_kind(_kind(params), allow, _reason(params))
+        return True
+    return change
+
+
 def _kinds(allowed: bool) -> Method:
     async def listed(moderation: Moderation, params: list) -> list[int]:
         rules = moderation.kinds
@@ -168,8 +175,8 @@ METHODS: dict[str, Method] = {
     "changerelayname": _info("name"),
     "changerelaydescription": _info("description"),
     "changerelayicon": _info("icon", _icon),
-    "allowkind": _method(_add, lists.ALLOWED_KIND, _kind, (lists.DISALLOWED_KIND,)),
-    "disallowkind": _method(_add, lists.DISALLOWED_KIND, _kind, (lists.ALLOWED_KIND,)),
+    "allowkind": _set_kind(allow=True),  # off the deny list if on it, else onto the allow list
+    "disallowkind": _set_kind(allow=False),  # off the allow list if on it, else onto the deny list
     "listallowedkinds": _kinds(allowed=True),
     "listdisallowedkinds": _kinds(allowed=False),
     "blockip": _method(_add, lists.BLOCKED_IP, _ip, ()),
@@ -232,7 +239,10 @@ class ManagementApi:
             raise Rejection("restricted", "this pubkey is not an admin of this relay and was granted no method")
         self._used = {i: end for i, end in self._used.items() if end >= now}  # admins' and grantees': few
         if event.id in self._used:
-            raise Rejection("invalid", "NIP-98: this auth event was used already")
+            # Replay protection: NIP-98's id covers created_at, tags and content, not the signature, so two
+            # identical calls signed within one second share it; the message says how to tell them apart.
+            raise Rejection("invalid", "NIP-98: this auth event was used already; sign a new auth event (two "
+                            "identical calls need different created_at or an extra tag)")
         self._used[event.id] = event.created_at + self.max_age_seconds
         return event.pubkey, allowed
 

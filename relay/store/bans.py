@@ -34,6 +34,18 @@ def set_entries(conn: sqlite3.Connection, hooks: Sequence[TransactionHook], entr
     return Changes(), None
 
 
+def lift_or_set(conn: sqlite3.Connection, hooks: Sequence[TransactionHook], entry: Entry,
+                opposite: str) -> tuple[Changes, bool]:
+    """Take `entry`'s item off the list `opposite` if it is there (result True), else add `entry` (False)."""
+    with transaction(conn) as cur:
+        lifted = cur.execute("DELETE FROM moderation WHERE list = ? AND item = ?", (opposite, entry.item)).rowcount
+        if lifted:
+            bump(cur)
+        else:
+            write_entry(cur, entry)
+    return Changes(), lifted > 0
+
+
 def remove_entry(conn: sqlite3.Connection, hooks: Sequence[TransactionHook], lists: Sequence[str],
                  item: str) -> tuple[Changes, bool]:
     """Remove `item` from each of `lists` (a pubkey's unfinished purge too, when unbanned); the result says

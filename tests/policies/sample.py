@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from relay.config import Config, load_config
-from relay.policies import ACCEPT, SHADOW_REJECT, reject
+from relay.policies import ACCEPT, SHADOW_REJECT, Verdict, reject
 from tests.inprocess import Relay
 
 SEEN: list[tuple] = []
@@ -17,8 +17,11 @@ SEEN: list[tuple] = []
 
 
 def by_content(event, source):
-    """What the event's content says: reject, reject-prefixed, shadow, raise, garbage, slow; else accept."""
+    """What the event's content says: reject, reject-prefixed, reject-long (a 5,000-character message), shadow,
+    raise, garbage, slow; else accept."""
     content = event.content
+    if content == "reject-long":
+        return Verdict("reject", "blocked: " + "m" * 5000)  # built directly, as reject() builds it
     if content == "reject":
         return reject("no thanks")
     if content == "reject-prefixed":

@@ -62,11 +62,14 @@ def test_the_commented_examples_in_relay_toml_load(tmp_path):
     example = re.compile(r"# (\[\[policies\]\]|call|options|command|sources)")
     examples = "\n".join(line[2:] for line in lines if example.match(line))
     (tmp_path / "deny.txt").write_text("")
-    examples = examples.replace("/etc/relay/deny.txt", str(tmp_path / "deny.txt"))
+    (tmp_path / "whitelist.js").write_text("")
+    (tmp_path / "whitelist.js").chmod(0o755)  # a plugin's program must be executable when the policies load
+    examples = examples.replace("/etc/relay/deny.txt", str(tmp_path / "deny.txt")).replace(
+        "/usr/local/bin/whitelist.js", str(tmp_path / "whitelist.js"))
     config = load(tmp_path, examples)
     assert [p.call or p.command[0] for p in config.policies] == [
         "relay.policies.builtin:pubkey_list", "relay.policies.builtin:max_size", "relay.policies.builtin:min_pow",
-        "relay.policies.builtin:author_rate", "/usr/local/bin/whitelist.js"]
+        "relay.policies.builtin:author_rate", str(tmp_path / "whitelist.js")]
     Policies.load(config.policies).close()
 
 

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from relay.ingest import IMPORT, Source
+from relay.ingest.policies import MAX_MESSAGE_CHARS
 from relay.policies.plugin import NOT_RUNNING
 from tests.helpers import Client, Keys, eventually
 from tests.inprocess import Relay
@@ -31,6 +32,8 @@ rl.on('line', (line) => {
     else if (content === 'source') answer({id, action: 'reject',
         msg: `blocked: ${req.sourceType} ${req.sourceInfo} ${typeof req.receivedAt} ${req.event.sig.length}`});
     else if (content === 'garbage') console.log('this is not JSON at all');
+    else if (content === 'long-msg') answer({id, action: 'reject', msg: 'blocked: ' + 'm'.repeat(5000)});
+    else if (content === 'huge-line') answer({id, action: 'reject', msg: 'm'.repeat(5000000)});
     else if (content === 'bad-action') answer({id, action: 'maybe'});
     else if (content === 'hang') {}
     else if (content === 'die') process.exit(3);
@@ -102,6 +105,18 @@ async def test_a_bad_answer_line_refuses_that_event_and_the_plugin_goes_on(plugi
     assert stats(plugin_relay)["bad_lines"] == 2 and stats(plugin_relay).get("restarts") == 0
 
 
+async def test_a_long_message_is_cut_and_an_overlong_line_refuses_its_event(plugin_relay, alice: Keys):
+    """A 5,000-character msg reaches the client cut to 1,000 characters; a 5 MB answer line (past MAX_LINE_BYTES)
+    is dropped unkept and refuses the event it names with "error:"; the plugin goes on, not restarted."""
+    client = await Client.connect(plugin_relay.url)
+    reply = await client.publish(alice.sign(content="long-msg"))
+    assert reply[2:] == [False, "blocked: " + "m" * (MAX_MESSAGE_CHARS - 10) + "…"]
+    huge = alice.sign(content="huge-line")
+    assert (await client.publish(huge))[1:] == [huge["id"], False, "error: the write policy plugin answered badly"]
+    assert (await client.publish(alice.sign(content="fine")))[2] is True
+    assert stats(plugin_relay)["bad_lines"] == 1 and stats(plugin_relay).get("restarts") == 0
+
+
 async def test_a_plugin_past_its_time_budget_is_killed_and_restarted(plugin_relay, alice: Keys):
     """No answer within 0.5 s: "error:", the overrun counted, the process killed; the next event starts it again."""
     client = await Client.connect(plugin_relay.url)
@@ -129,7 +144,11 @@ async def test_a_plugin_that_dies_is_restarted_and_meanwhile_refuses_with_error(
 
 
 async def test_a_plugin_that_cannot_start_refuses_with_error(tmp_path, alice: Keys):
-    """A command that does not exist: the relay serves, and every event of the source is refused with "error:"."""
-    async with serving(tmp_path, '[[policies]]\ncommand = ["/no/such/plugin"]') as relay:
+    """An executable file whose interpreter is missing (found at load, failing when started): the relay serves,
+    and every event of the source is refused with "error:"."""
+    script = tmp_path / "plugin"
+    script.write_text("#!/no/such/interpreter\n")
+    script.chmod(0o755)
+    async with serving(tmp_path, f'[[policies]]\ncommand = ["{script}"]') as relay:
         client = await Client.connect(relay.url)
         assert (await client.publish(alice.sign(content="x")))[2:] == [False, NOT_RUNNING]

@@ -7,6 +7,7 @@ from structlog.testing import capture_logs
 
 from relay.config import ConfigError
 from relay.ingest import IMPORT
+from relay.ingest.policies import MAX_MESSAGE_CHARS
 from tests.helpers import Client, Keys
 from tests.inprocess import Relay
 from tests.policies import sample
@@ -46,6 +47,14 @@ async def test_verdicts_reach_the_client_with_a_nip01_prefix(chained, alice: Key
     assert (await client.publish(async_no))[2:] == [False, "blocked: async says no"]
     assert [e["id"] for e in await client.req("all", {})] == [ok["id"]]
     assert stats(relay, "tests.policies.sample:by_content")["rejected"] == 2
+
+
+async def test_a_long_reject_message_is_cut_to_1000_characters(chained, alice: Keys):
+    """A policy's 5,000-character message reaches the client as its first 999 characters and "…"."""
+    client = await Client.connect(chained.url)
+    reply = await client.publish(alice.sign(content="reject-long"))
+    assert reply[2:] == [False, "blocked: " + "m" * (MAX_MESSAGE_CHARS - 10) + "…"]
+    assert len(reply[3]) == MAX_MESSAGE_CHARS
 
 
 async def test_shadow_reject_answers_ok_true_stores_nothing_and_tells_no_one(chained, alice: Keys):
@@ -109,15 +118,23 @@ async def test_sources_default_to_clients_and_import_is_judged_when_listed(tmp_p
     assert (outcome.message == "blocked: not from here") is refused and outcome.accepted is not refused
 
 
-def test_a_policy_module_that_fails_to_import_stops_the_start_with_exit_2_naming_it(tmp_path):
-    """`relay serve` and `relay import` exit 2 naming the policy; nothing is served."""
+@pytest.mark.parametrize("policy, named", [
+    ('call = "no_such_module_here:check"', ("no_such_module_here:check", "ModuleNotFoundError")),
+    ('command = ["/no/such/plugin", "--flag"]', ("cannot run '/no/such/plugin'", "no such executable file")),
+    ('command = ["no-such-plugin-on-path"]', ("cannot run 'no-such-plugin-on-path'", "looked up on PATH")),
+    ('command = ["{tmp}/not-executable"]', ("cannot run", "no such executable file"))])
+def test_a_policy_that_cannot_be_loaded_stops_the_start_with_exit_2_naming_it(tmp_path, policy, named):
+    """A module that fails to import, a plugin program not found or not executable: `relay serve`, `relay import`
+    and `relay sync` exit 2 naming it; nothing is served, no plugin waits for the first event."""
+    (tmp_path / "not-executable").write_text("#!/bin/sh\n")  # mode 644
     config = tmp_path / "relay.toml"
     config.write_text(f'[store]\npath = "{tmp_path / "r.db"}"\n[server]\nport = 0\n'
-                      '[[policies]]\ncall = "no_such_module_here:check"\n')
-    for args in (("serve",), ("import", tmp_path / "nothing.jsonl")):
+                      f'[[policies]]\n{policy.format(tmp=tmp_path)}\n')
+    for args in (("serve",), ("import", tmp_path / "nothing.jsonl"),
+                 ("sync", "ws://127.0.0.1:9")):
         done = relay_cli(args[0], "--config", config, *args[1:])
         assert done.returncode == 2, done
-        assert "no_such_module_here:check" in done.stderr and "ModuleNotFoundError" in done.stderr
+        assert all(text in done.stderr for text in named), done.stderr
 
 
 async def test_a_bad_factory_option_or_a_missing_function_stops_the_node(tmp_path):

@@ -137,12 +137,16 @@ async def test_wrong_or_missing_auth_gets_401_with_a_json_error(managed):
 
 
 async def test_an_auth_event_is_accepted_once(managed):
-    """The same Authorization sent twice: 200, then 401 (no replay within its window)."""
-    body = _body()
-    headers = {"Authorization": authorization(body)}
+    """The same Authorization sent twice: 200, then 401 (no replay within its window) saying what to do; the
+    same call signed with another created_at: 200."""
+    body, now = _body(), int(time.time())
+    headers = {"Authorization": authorization(body, created_at=now)}
     assert (await _post(managed, body, **headers))[0] == 200
     status, answer = await _post(managed, body, **headers)
-    assert status == 401 and "used already" in answer["error"]
+    assert status == 401 and answer["error"] == (
+        "invalid: NIP-98: this auth event was used already; sign a new auth event (two identical calls need "
+        "different created_at or an extra tag)")
+    assert (await _post(managed, body, Authorization=authorization(body, created_at=now - 1)))[0] == 200
 
 
 async def test_the_u_tag_may_name_the_relay_in_either_scheme(managed):
@@ -237,6 +241,26 @@ async def test_kinds_of_config_and_database_combine_and_a_deny_wins(tmp_path, al
         await client.close()
     finally:
         await relay.stop()
+
+
+async def test_allowkind_and_disallowkind_undo_each_other_back_to_every_kind(managed, alice):
+    """allowkind 1 -> only kind 1; disallowkind 1 only takes it off the allow list -> every kind again;
+    disallowkind 1 -> kind 1 denied; allowkind 1 only lifts that -> every kind again (both lists empty)."""
+    client = await Client.connect(managed.url)
+
+    async def accepted(kind: int) -> bool:
+        return (await client.publish(alice.sign(kind=kind, content=f"{kind} {time.monotonic()}")))[2]
+
+    async def lists() -> tuple[list, list]:
+        return await result(managed.port, "listallowedkinds"), await result(managed.port, "listdisallowedkinds")
+
+    steps = (("allowkind", ([1], []), {1: True, 7: False}), ("disallowkind", ([], []), {1: True, 7: True}),
+             ("disallowkind", ([], [1]), {1: False, 7: True}), ("allowkind", ([], []), {1: True, 7: True}))
+    for method, listed, outcomes in steps:
+        assert await result(managed.port, method, 1) is True
+        assert await lists() == listed, method
+        assert {kind: await accepted(kind) for kind in outcomes} == outcomes, method
+    await client.close()
 
 
 async def test_allowpubkey_lets_an_author_publish_when_writes_are_listed(tmp_path, alice, bob):
