@@ -157,7 +157,7 @@ def pending_reason(spec: AnySpec, record: dict | None, conn: sqlite3.Connection)
         return "spec changed"
     if record.get("revision") != spec.revision:
         return f"revision {record.get('revision')} -> {spec.revision}"
-    names = spec.table_names if isinstance(spec, CausalSpec) else (spec.table,)
+    names = spec.table_names
     if not all(table_exists(conn, t) for t in names):
         return "table missing"
     return None
@@ -178,7 +178,7 @@ class ProjectorHook:
         duplicate = next((n for n in names if names.count(n) > 1), None)
         if duplicate is not None:
             raise ValueError(f"projector {duplicate!r} declared twice")
-        tables = [t for s in specs for t in (s.table_names if isinstance(s, CausalSpec) else (s.table,))]
+        tables = [t for s in specs for t in s.table_names]
         clash = next((t for t in tables if tables.count(t) > 1), None)
         if clash is not None:
             raise ValueError(f"table {clash!r} is written by two projectors")
@@ -277,7 +277,7 @@ class TableTaken(RuntimeError):
 
 def _check_ownership(cur: sqlite3.Cursor, spec: AnySpec) -> None:
     owned = {t for record in read_meta(cur).values() for t in record.get("tables", ())}
-    for table in (spec.table_names if isinstance(spec, CausalSpec) else (spec.table,)):
+    for table in spec.table_names:
         if table_exists(cur, table) and table not in owned:
             raise TableTaken(f"projector {spec.name!r}: table {table!r} exists and is not a projector's; "
                              "choose another table name")

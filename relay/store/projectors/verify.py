@@ -142,7 +142,7 @@ def verify(conn: sqlite3.Connection, specs: list[AnySpec] | tuple[AnySpec, ...])
         records = read_meta(conn)
         for spec in specs:
             reason = pending_reason(spec, records.get(spec.name), conn)
-            tables = spec.table_names if isinstance(spec, CausalSpec) else (spec.table,)
+            tables = spec.table_names
             if reason is not None:
                 note = f"not built for this configuration ({reason}): restart the relay or run " \
                        f"`relay projectors rebuild {spec.name}`"
