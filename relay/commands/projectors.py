@@ -23,7 +23,6 @@ from relay.hooks import negentropy_hook
 from relay.commands.search import check_search, print_search_check
 from relay.store import db
 from relay.store.negentropy import IndexCheck, NegentropyIndex, verify_index
-from relay.store.projectors.causal import CausalSpec
 from relay.store.projectors.engine import force_rebuild
 from relay.store.projectors.tables import ensure_store_tables, quote, read_meta, table_exists
 from relay.store.projectors.verify import verify
@@ -200,7 +199,7 @@ def run_query(config: Config, table: str, where: str | None, output: str, limit:
     if conn is None:
         return 2
     with closing(conn):
-        known = {t for s in config.projectors for t in ((s.table,) if not isinstance(s, CausalSpec) else s.table_names)}
+        known = {t for s in config.projectors for t in s.table_names}
         known |= {t for record in read_meta(conn).values() for t in record.get("tables", ())}
         if table not in known or not table_exists(conn, table):
             print(f"relay query: {table!r} is not a projected table (known: {', '.join(sorted(known)) or 'none'})",
