@@ -84,9 +84,19 @@ def _ban_parsers(commands, common: argparse.ArgumentParser) -> None:
     bans.add_argument("--json", action="store_true", help="print JSON for scripts")
 
 
+MAX_CURSOR = 2**63 - 1
+"""The largest cursor: change-feed cursors are SQLite INTEGERs (signed 64-bit)."""
+
+
 def _cursor(text: str) -> int:
+    if not text.isdigit() or int(text) > MAX_CURSOR:
+        raise argparse.ArgumentTypeError(f"a cursor is a whole number 0..{MAX_CURSOR}, got {text!r}")
+    return int(text)
+
+
+def _row_limit(text: str) -> int:
     if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"a cursor is a whole number >= 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"a limit is a whole number >= 0, got {text!r}")
     return int(text)
 
 
@@ -108,12 +118,12 @@ def _projector_parsers(commands, common: argparse.ArgumentParser) -> None:
     rebuild.add_argument("name", help="the projector (table) name")
     refusals = actions.add_parser("refusals", parents=[common], help="events stored but not projected, newest first")
     refusals.add_argument("--projector", help="only this projector's refusals")
-    refusals.add_argument("--limit", type=int, default=100, help="rows to show (default 100)")
+    refusals.add_argument("--limit", type=_row_limit, default=100, help="rows to show (default 100)")
     refusals.add_argument("--json", action="store_true", help="one JSON object per line")
     query = commands.add_parser("query", parents=[common], help="print the rows of a projected table")
     query.add_argument("table", help="a projected table, e.g. profiles")
     query.add_argument("--where", help="an SQL condition, e.g. \"name LIKE 'a%%'\" (read-only connection)")
-    query.add_argument("--limit", type=int, help="rows to print at most (default: all)")
+    query.add_argument("--limit", type=_row_limit, help="rows to print at most (default: all)")
     shape = query.add_mutually_exclusive_group()
     shape.add_argument("--json", dest="output", action="store_const", const="json",
                        help="one JSON object per line instead of tab-separated")
