@@ -199,8 +199,8 @@ def run_query(config: Config, table: str, where: str | None, output: str, limit:
                   file=sys.stderr)
             return 2
         sql = f"SELECT * FROM {quote(table)}"
-        if where:
-            sql += f" WHERE {where}"
+        if where:  # on lines of its own, in parentheses: a trailing `--` comment cannot swallow the LIMIT
+            sql += f" WHERE (\n{where}\n)"
         if limit is not None:
             sql += f" LIMIT {int(limit):d}"
         try:
