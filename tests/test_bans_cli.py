@@ -71,3 +71,13 @@ async def test_a_ban_from_the_command_line_reaches_a_running_relay(tmp_path, ali
         await client.close()
     finally:
         await relay.stop()
+
+
+async def test_ban_commands_refuse_a_missing_database(tmp_path, alice):
+    """A mistyped --db: ban, unban and bans exit 2 with one line naming it, and create neither file nor
+    directory."""
+    db = tmp_path / "typo" / "relay.db"
+    for args in (("ban", "pubkey", alice.pubkey), ("unban", "pubkey", alice.pubkey), ("bans",)):
+        code, out, err = await _cli(db, *args)
+        assert (code, out, err.count("\n")) == (2, "", 1) and f"{db}: no such database" in err, err
+    assert not (tmp_path / "typo").exists()

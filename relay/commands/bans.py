@@ -15,11 +15,13 @@ from __future__ import annotations
 import ipaddress
 import json
 import sys
+from pathlib import Path
 
 from relay.config import Config
 from relay.ingest.moderation import Moderation
 from relay.node import open_store
 from relay.protocol.event import is_hex64
+from relay.store.location import DatabaseUnusable
 from relay.store.moderation import BANNED_EVENT, BANNED_PUBKEY, BLOCKED_IP, PURGE_PUBKEY
 
 _LISTS = {"pubkey": (BANNED_PUBKEY, PURGE_PUBKEY), "event": (BANNED_EVENT,), "ip": (BLOCKED_IP,)}
@@ -37,6 +39,14 @@ def _valid(what: str, item: str) -> str | None:
 
 
 async def _open(config: Config) -> Moderation:
+    """The moderation lists of the existing database at `store.path`.
+
+    Raises:
+        DatabaseUnusable: there is no file there: a mistyped `--db` would otherwise create a new database
+            that no running relay reads, and the ban would report success yet apply nowhere.
+    """
+    if not Path(config.store.path).exists():
+        raise DatabaseUnusable(config.store.path, "no such database (check --db)")
     return await Moderation.open(await open_store(config, read_connections=1), config)
 
 
