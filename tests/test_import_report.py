@@ -83,6 +83,19 @@ def test_a_fifo_is_imported_whole(tmp_path):
     assert parse_report(out.decode()).stored == len(EVENTS.read_bytes().splitlines()) == 23
 
 
+def test_rejects_naming_the_input_is_refused_and_the_input_kept(tmp_path):
+    """`--rejects` naming the input file (or a hard link to it) exits 2 with one line; the input is intact
+    (opening the rejects file emptied it, and the import read 0 lines)."""
+    source = tmp_path / "events.jsonl"
+    source.write_bytes(EVENTS.read_bytes())
+    os.link(source, tmp_path / "link.jsonl")
+    for rejects in (source, tmp_path / "link.jsonl"):
+        done = relay_cli("import", source, "--db", tmp_path / "r.db", "--rejects", rejects)
+        assert (done.returncode, done.stdout, done.stderr.count("\n")) == (2, "", 1), done.stderr
+        assert "is the input file" in done.stderr
+    assert source.read_bytes() == EVENTS.read_bytes()
+
+
 def test_ctrl_c_on_a_stalled_pipe_imports_what_was_read_and_exits_130(tmp_path):
     """SIGINT while stdin stays open with no more data: exit 130 within seconds, the lines already read
     (fewer than a chunk) stored and counted (it waited for the pipe to close, then imported)."""

@@ -180,18 +180,20 @@ def print_import_report(report: ImportReport) -> None:
 
 async def run_import(config: Config, path: Path, rejects: Path | None = None) -> int:
     """`relay import FILE [--rejects OUT]`: prints the counts (see `ImportReport`, `print_import_report`);
-    `rejects` gets each rejected line (`rejects_writer`).
+    `rejects` gets each rejected line (`rejects_writer`), replacing what OUT held.
 
     FILE ('-': stdin) may be a regular file, a pipe or a FIFO; it is read
     once.  A line longer than `limits.max_message_bytes` is rejected without
     being read into memory.  Exit 0; 2 (one line on stderr) if FILE or OUT
-    cannot be opened; 130 when interrupted (SIGINT), after the
+    cannot be opened or OUT is FILE; 130 when interrupted (SIGINT), after the
     summary of the lines done, including those read before a stalled pipe.
     """
     console = Console(stderr=True)
     try:
         source = sys.stdin.buffer if str(path) == "-" else path.open("rb")
         info = os.fstat(source.fileno())
+        if rejects is not None and rejects.exists() and os.path.samestat(info, rejects.stat()):
+            raise OSError(f"--rejects {rejects} is the input file: writing it would empty it first")
         out = rejects.open("wb") if rejects is not None else None
     except OSError as exc:
         print(f"relay import: {exc}", file=sys.stderr)
