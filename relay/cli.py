@@ -70,11 +70,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _ban_parsers(commands, common: argparse.ArgumentParser) -> None:
-    """`ban event|pubkey`, `unban event|pubkey|ip`, `bans` (bodies in relay/commands/bans.py)."""
-    ban = commands.add_parser("ban", parents=[common], help="ban an event (removed now) or a pubkey (NIP-86's "
-                              "banevent, banpubkey); a running relay applies it within admin.refresh_seconds")
-    ban.add_argument("what", choices=("event", "pubkey"))
-    ban.add_argument("item", help="the 64-hex event id or pubkey")
+    """`ban event|pubkey|ip`, `unban event|pubkey|ip`, `bans` (bodies in relay/commands/bans.py)."""
+    ban = commands.add_parser("ban", parents=[common], help="ban an event (removed now) or a pubkey, or block an "
+                              "IP (NIP-86's banevent, banpubkey, blockip); a running relay applies it within "
+                              "admin.refresh_seconds")
+    ban.add_argument("what", choices=("event", "pubkey", "ip"))
+    ban.add_argument("item", help="the 64-hex event id or pubkey, or the IP address or network")
     ban.add_argument("--reason", default="", help="why (shown by `relay bans` and NIP-86's lists)")
     ban.add_argument("--purge", action="store_true", help="pubkey: remove its stored events too, in batches")
     unban = commands.add_parser("unban", parents=[common], help="lift a ban on an event or pubkey, or unblock an IP")

@@ -1,4 +1,4 @@
-"""`relay ban event|pubkey`, `relay unban event|pubkey|ip`, `relay bans [--json]`: the moderation lists from
+"""`relay ban event|pubkey|ip`, `relay unban event|pubkey|ip`, `relay bans [--json]`: the moderation lists from
 the command line.
 
 Each command opens the store as `relay serve` does (relay/node.py
@@ -51,17 +51,26 @@ async def _open(config: Config) -> Moderation:
 
 
 async def run_ban(config: Config, what: str, item: str, reason: str, purge: bool) -> int:
-    """`relay ban event ID | pubkey PK [--purge]`: exit 0; 2 (message on stderr) for a malformed ID or PK.
+    """`relay ban event ID | pubkey PK [--purge] | ip ADDRESS`: exit 0; 2 (message on stderr) for a malformed ID,
+    PK or ADDRESS.
 
     An event is removed at once if stored; a pubkey's stored events are
     removed too with `--purge` or `[admin] purge_on_ban`, in batches (run
-    again to resume a purge cut short).
+    again to resume a purge cut short).  A blocked IP (an address or a
+    network, e.g. 192.0.2.0/24) has its new connections closed (1008) by a
+    relay serving the database; connections already open stay.
     """
-    if _valid(what, item) is None:
-        print(f"relay ban: {what} must be 64 lowercase hex characters, got {item!r}", file=sys.stderr)
+    key = _valid(what, item)
+    if key is None:
+        print(f"relay ban: not a valid {what}: {item!r}" + (" (64 lowercase hex characters)" if what != "ip" else ""),
+              file=sys.stderr)
         return 2
     moderation = await _open(config)
     try:
+        if what == "ip":
+            await moderation.add(BLOCKED_IP, key, reason)
+            print(f"relay ban: ip {key} blocked")
+            return 0
         if what == "event":
             removed = await moderation.ban_event(item, reason)
             print(f"relay ban: event {item} banned; {'removed' if removed else 'was not stored'}")
