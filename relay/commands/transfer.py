@@ -192,7 +192,8 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None) ->
     try:
         source = sys.stdin.buffer if str(path) == "-" else path.open("rb")
         info = os.fstat(source.fileno())
-        if rejects is not None and rejects.exists() and os.path.samestat(info, rejects.stat()):
+        regular = stat.S_ISREG(info.st_mode)  # a device such as /dev/null may be both
+        if regular and rejects is not None and rejects.exists() and os.path.samestat(info, rejects.stat()):
             raise OSError(f"--rejects {rejects} is the input file: writing it would empty it first")
         out = rejects.open("wb") if rejects is not None else None
     except OSError as exc:
@@ -206,7 +207,7 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None) ->
         with Progress(TextColumn("importing"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
                       console=console, disable=not console.is_terminal) as bar:
             # Bytes, not lines: only a regular file's size is known before reading it.
-            task = bar.add_task("import", total=info.st_size if stat.S_ISREG(info.st_mode) else None)
+            task = bar.add_task("import", total=info.st_size if regular else None)
             interrupted = await interruptible(import_lines(
                 ingest, reader.lines(), lambda: bar.update(task, completed=reader.consumed), report,
                 rejects_writer(out) if out is not None else None))
