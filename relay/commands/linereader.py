@@ -51,7 +51,8 @@ class LineReader:
                 self.consumed += len(block)
                 *ended, rest = block.split(b"\n")
                 for piece in ended:
-                    yield self.too_long if overlong or len(pending) + len(piece) > self.limit else bytes(pending + piece)
+                    too_long = overlong or len(pending) + len(piece) > self.limit
+                    yield self.too_long if too_long else bytes(pending + piece)
                     pending.clear()
                     overlong = False
                 if not overlong:
