@@ -71,11 +71,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _ban_parsers(commands, common: argparse.ArgumentParser) -> None:
-    """`ban event|pubkey`, `unban event|pubkey|ip`, `bans` (bodies in relay/commands/bans.py)."""
-    ban = commands.add_parser("ban", parents=[common], help="ban an event (removed now) or a pubkey (NIP-86's "
-                              "banevent, banpubkey); a running relay applies it within admin.refresh_seconds")
-    ban.add_argument("what", choices=("event", "pubkey"))
-    ban.add_argument("item", help="the 64-hex event id or pubkey")
+    """`ban event|pubkey|ip`, `unban event|pubkey|ip`, `bans` (bodies in relay/commands/bans.py)."""
+    ban = commands.add_parser("ban", parents=[common], help="ban an event (removed now) or a pubkey, or block an "
+                              "IP (NIP-86's banevent, banpubkey, blockip); a running relay applies it within "
+                              "admin.refresh_seconds")
+    ban.add_argument("what", choices=("event", "pubkey", "ip"))
+    ban.add_argument("item", help="the 64-hex event id or pubkey, or the IP address or network")
     ban.add_argument("--reason", default="", help="why (shown by `relay bans` and NIP-86's lists)")
     ban.add_argument("--purge", action="store_true", help="pubkey: remove its stored events too, in batches")
     unban = commands.add_parser("unban", parents=[common], help="lift a ban on an event or pubkey, or unblock an IP")
@@ -85,9 +86,19 @@ def _ban_parsers(commands, common: argparse.ArgumentParser) -> None:
     bans.add_argument("--json", action="store_true", help="print JSON for scripts")
 
 
+MAX_CURSOR = 2**63 - 1
+"""The largest cursor: change-feed cursors are SQLite INTEGERs (signed 64-bit)."""
+
+
 def _cursor(text: str) -> int:
+    if not text.isdigit() or int(text) > MAX_CURSOR:
+        raise argparse.ArgumentTypeError(f"a cursor is a whole number 0..{MAX_CURSOR}, got {text!r}")
+    return int(text)
+
+
+def _row_limit(text: str) -> int:
     if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"a cursor is a whole number >= 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"a limit is a whole number >= 0, got {text!r}")
     return int(text)
 
 
@@ -109,12 +120,12 @@ def _projector_parsers(commands, common: argparse.ArgumentParser) -> None:
     rebuild.add_argument("name", help="the projector (table) name")
     refusals = actions.add_parser("refusals", parents=[common], help="events stored but not projected, newest first")
     refusals.add_argument("--projector", help="only this projector's refusals")
-    refusals.add_argument("--limit", type=int, default=100, help="rows to show (default 100)")
+    refusals.add_argument("--limit", type=_row_limit, default=100, help="rows to show (default 100)")
     refusals.add_argument("--json", action="store_true", help="one JSON object per line")
     query = commands.add_parser("query", parents=[common], help="print the rows of a projected table")
     query.add_argument("table", help="a projected table, e.g. profiles")
     query.add_argument("--where", help="an SQL condition, e.g. \"name LIKE 'a%%'\" (read-only connection)")
-    query.add_argument("--limit", type=int, help="rows to print at most (default: all)")
+    query.add_argument("--limit", type=_row_limit, help="rows to print at most (default: all)")
     query.add_argument("--pk", type=_json_object, help="the row whose key is this JSON object, e.g. "
                        "'{\"pubkey\": \"ab...\"}' (a declared projector's table)")
     query.add_argument("--param", action="append", type=_param, default=[], metavar="COL=VALUE",

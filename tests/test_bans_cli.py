@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from websockets.exceptions import ConnectionClosed
+
 from relay.ingest.moderation import Moderation
 from relay.node import open_store
 from tests.conftest import make_config
@@ -90,5 +92,56 @@ async def test_a_ban_from_the_command_line_reaches_a_running_relay(tmp_path, ali
 
         assert await eventually(blocked)
         await client.close()
+    finally:
+        await relay.stop()
+
+
+async def test_ban_commands_refuse_a_missing_database(tmp_path, alice):
+    """A mistyped --db: ban, unban and bans exit 2 with one line naming it, and create neither file nor
+    directory."""
+    db = tmp_path / "typo" / "relay.db"
+    for args in (("ban", "pubkey", alice.pubkey), ("unban", "pubkey", alice.pubkey), ("bans",)):
+        code, out, err = await _cli(db, *args)
+        assert (code, out, err.count("\n")) == (2, "", 1) and f"{db}: no such database" in err, err
+    assert not (tmp_path / "typo").exists()
+
+
+async def test_ban_ip_from_the_command_line_refuses_new_connections_until_unban(tmp_path, alice):
+    """`relay ban ip 127.0.0.1` while the relay serves: within refresh_seconds a new connection from loopback
+    is closed at once (1008 "blocked: ..."); `bans` lists it with its reason; `relay unban ip` lets it in
+    again; a malformed address exits 2."""
+    relay = Relay(make_config(tmp_path, admin={"refresh_seconds": 0.1}))
+    await relay.start()
+    db = relay.config.store.path
+    try:
+        assert (await _cli(db, "ban", "ip", "300.0.0.1"))[0] == 2
+        code, out, _ = await _cli(db, "ban", "ip", "127.0.0.1", "--reason", "abuse")
+        assert (code, out) == (0, "relay ban: ip 127.0.0.1/32 blocked\n")
+        assert json.loads((await _cli(db, "bans", "--json"))[1])["ips"][0] | {"at": 0} == {
+            "ip": "127.0.0.1/32", "reason": "abuse", "at": 0}
+
+        async def refused() -> bool:
+            client = await Client.connect(relay.url)
+            try:
+                await client.recv(timeout=1)
+            except ConnectionClosed:
+                return client.ws.close_code == 1008 and client.ws.close_reason.startswith("blocked: ")
+            except TimeoutError:
+                await client.close()
+            return False
+
+        assert await eventually(refused)
+        assert (await _cli(db, "unban", "ip", "127.0.0.1"))[0] == 0
+
+        async def admitted() -> bool:
+            client = await Client.connect(relay.url)
+            try:
+                return (await client.publish(alice.sign(content="back")))[2] is True
+            except ConnectionClosed:
+                return False
+            finally:
+                await client.close()
+
+        assert await eventually(admitted)
     finally:
         await relay.stop()

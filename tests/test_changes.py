@@ -84,3 +84,10 @@ async def test_a_cursor_older_than_the_log_keeps_exits_3(tmp_path, alice):
         (4, "insert"), (5, "remove"), (6, "insert")]
     notes = await asyncio.to_thread(relay_cli, "changes", "--kinds", "1,7", "--db", db)
     assert [c["cursor"] for c in map(json.loads, notes.stdout.splitlines())] == [6]
+
+
+def test_a_cursor_past_sqlite_integers_is_an_argument_error(tmp_path):
+    """`--since` past 2**63-1 (SQLite's largest INTEGER) exits 2 with argparse's one line, no traceback."""
+    done = relay_cli("changes", "--since", str(2**63), "--db", tmp_path / "relay.db")
+    assert done.returncode == 2 and "a cursor is a whole number" in done.stderr and "Traceback" not in done.stderr
+    assert relay_cli("changes", "--since", str(2**63 - 1), "--db", tmp_path / "relay.db").returncode == 1  # no db

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
-from tests.helpers import REAL_EVENTS, Keys
+from tests.helpers import DATA, REAL_EVENTS, Keys
 from tests.served import CLI_TIMEOUT, clean_env, relay_cli
 from tests.test_cli import REPORT, parse_report
 
@@ -58,3 +60,96 @@ def test_ctrl_c_during_an_import_prints_the_summary_and_exits_130(tmp_path):
     assert report.total < 8 * len(REAL_EVENTS.read_bytes().splitlines())
     assert f"relay import: interrupted; the summary counts the {report.total} lines done" in err
     assert REPORT.match(out.splitlines()[0])
+
+
+EVENTS = DATA / "events" / "lnbits-nostrrelay.jsonl"
+
+
+def _import(*args, stdin=subprocess.PIPE) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "relay", "import", *map(str, args)], stdin=stdin,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
+
+
+def test_a_fifo_is_imported_whole(tmp_path):
+    """A named FIFO (as `<(cat FILE)` gives) is read once: every event stored (it was counted first, which
+    emptied it, and the import read 0 lines)."""
+    fifo = tmp_path / "events.fifo"
+    os.mkfifo(fifo)
+    proc = _import(fifo, "--db", tmp_path / "r.db", stdin=subprocess.DEVNULL)
+    with fifo.open("wb") as writer:  # blocks until the import opens the FIFO
+        writer.write(EVENTS.read_bytes())
+    out, err = proc.communicate(timeout=CLI_TIMEOUT)
+    assert proc.returncode == 0, err
+    assert parse_report(out.decode()).stored == len(EVENTS.read_bytes().splitlines()) == 23
+
+
+def test_rejects_naming_the_input_is_refused_and_the_input_kept(tmp_path):
+    """`--rejects` naming the input file (or a hard link to it) exits 2 with one line; the input is intact
+    (opening the rejects file emptied it, and the import read 0 lines)."""
+    source = tmp_path / "events.jsonl"
+    source.write_bytes(EVENTS.read_bytes())
+    os.link(source, tmp_path / "link.jsonl")
+    for rejects in (source, tmp_path / "link.jsonl"):
+        done = relay_cli("import", source, "--db", tmp_path / "r.db", "--rejects", rejects)
+        assert (done.returncode, done.stdout, done.stderr.count("\n")) == (2, "", 1), done.stderr
+        assert "is the input file" in done.stderr
+    assert source.read_bytes() == EVENTS.read_bytes()
+
+
+def test_ctrl_c_on_a_stalled_pipe_imports_what_was_read_and_exits_130(tmp_path):
+    """SIGINT while stdin stays open with no more data: exit 130 within seconds, the lines already read
+    (fewer than a chunk) stored and counted (it waited for the pipe to close, then imported)."""
+    db = tmp_path / "r.db"
+    proc = _import("-", "--db", db)
+    lines = EVENTS.read_bytes().splitlines(keepends=True)[:5]
+    proc.stdin.write(b"".join(lines))
+    proc.stdin.flush()
+    deadline = time.monotonic() + CLI_TIMEOUT
+    while not db.with_name("r.db-wal").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(1)  # the lines are read; the reader waits on the pipe
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=10)
+    finally:
+        proc.stdin.close()
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert parse_report(out.decode()).stored == 5
+    assert "the summary counts the 5 lines done" in err.decode()
+
+
+def _import_long_line(tmp_path, mebibytes: int) -> tuple[str, int]:
+    """Import an event, a line `mebibytes` MiB long, an event, through a pipe: (stdout, peak RSS in KiB).
+
+    The peak counts the test process's own size too (Linux keeps the largest RSS across exec): compare two.
+    """
+    events = EVENTS.read_bytes().splitlines(keepends=True)
+    proc = _import("-", "--db", tmp_path / f"{mebibytes}.db", "--rejects", tmp_path / f"{mebibytes}.jsonl")
+
+    def feed() -> None:
+        proc.stdin.write(events[0] + b'{"content": "')
+        for _ in range(mebibytes):
+            proc.stdin.write(b"x" * 2**20)
+        proc.stdin.write(b'"}\n' + events[1])
+        proc.stdin.close()
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    out = proc.stdout.read().decode()
+    _, status, usage = os.wait4(proc.pid, 0)
+    writer.join()
+    assert os.waitstatus_to_exitcode(status) == 0
+    return out, usage.ru_maxrss
+
+
+def test_a_line_past_max_message_bytes_is_rejected_without_holding_it(tmp_path):
+    """A 100 MB line between two events: rejected as "invalid: line longer than N bytes" at its line number
+    (an empty `text` in --rejects), the events around it stored, and the import's peak memory does not grow
+    with it (it was read whole, ~3x its size at peak)."""
+    out, peak = _import_long_line(tmp_path, 100)
+    assert out.splitlines()[1:] == ["  rejected 1: invalid: line longer than 1048576 bytes", "    at line 2"]
+    assert parse_report(out).stored == 2
+    assert [json.loads(line) for line in (tmp_path / "100.jsonl").read_text().splitlines()] == [
+        {"line": 2, "id": None, "reason": "invalid: line longer than 1048576 bytes", "text": ""}]
+    assert peak - _import_long_line(tmp_path, 0)[1] < 40 * 1024  # KiB: a few blocks of the line at most

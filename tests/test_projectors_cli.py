@@ -173,3 +173,12 @@ def test_refusals_say_none_when_there_are_none(db):
     """`projectors refusals` prints "none" rather than nothing when no event was refused (for that projector)."""
     assert relay("projectors", "refusals", "--db", db, "--projector", "follows").stdout == "none for follows\n"
     assert relay("projectors", "refusals", "--db", db, "--projector", "follows", "--json").stdout == ""
+
+
+def test_query_limit_holds_against_a_where_comment_and_refuses_a_negative_limit(db):
+    """A `--` comment ending --where cannot swallow the LIMIT (one row printed, not every row); --limit -1 is an
+    argument error (exit 2), not "every row"."""
+    rows = relay("query", "profiles", "--db", db, "--where", "1=1 -- c", "--limit", "1", "--json").stdout
+    assert len(rows.splitlines()) == 1
+    assert "a limit is a whole number" in relay("query", "profiles", "--db", db, "--limit", "-1", check=2).stderr
+    assert "a limit is a whole number" in relay("projectors", "refusals", "--db", db, "--limit", "-1", check=2).stderr

@@ -1,4 +1,4 @@
-"""`relay ban event|pubkey`, `relay unban event|pubkey|ip`, `relay bans [--json]`: the moderation lists from
+"""`relay ban event|pubkey|ip`, `relay unban event|pubkey|ip`, `relay bans [--json]`: the moderation lists from
 the command line.
 
 Each command opens the store as `relay serve` does (relay/node.py
@@ -15,11 +15,13 @@ from __future__ import annotations
 import ipaddress
 import json
 import sys
+from pathlib import Path
 
 from relay.config import Config
 from relay.ingest.moderation import Moderation
 from relay.node import open_store
 from relay.protocol.event import is_hex64
+from relay.store.location import DatabaseUnusable
 from relay.store.moderation import (
     ALLOWED_KIND,
     BANNED_EVENT,
@@ -44,21 +46,38 @@ def _valid(what: str, item: str) -> str | None:
 
 
 async def _open(config: Config) -> Moderation:
+    """The moderation lists of the existing database at `store.path`.
+
+    Raises:
+        DatabaseUnusable: there is no file there: a mistyped `--db` would otherwise create a new database
+            that no running relay reads, and the ban would report success yet apply nowhere.
+    """
+    if not Path(config.store.path).exists():
+        raise DatabaseUnusable(config.store.path, "no such database (check --db)")
     return await Moderation.open(await open_store(config, read_connections=1), config)
 
 
 async def run_ban(config: Config, what: str, item: str, reason: str, purge: bool) -> int:
-    """`relay ban event ID | pubkey PK [--purge]`: exit 0; 2 (message on stderr) for a malformed ID or PK.
+    """`relay ban event ID | pubkey PK [--purge] | ip ADDRESS`: exit 0; 2 (message on stderr) for a malformed ID,
+    PK or ADDRESS.
 
     An event is removed at once if stored; a pubkey's stored events are
     removed too with `--purge` or `[admin] purge_on_ban`, in batches (run
-    again to resume a purge cut short).
+    again to resume a purge cut short).  A blocked IP (an address or a
+    network, e.g. 192.0.2.0/24) has its new connections closed (1008) by a
+    relay serving the database; connections already open stay.
     """
-    if _valid(what, item) is None:
-        print(f"relay ban: {what} must be 64 lowercase hex characters, got {item!r}", file=sys.stderr)
+    key = _valid(what, item)
+    if key is None:
+        print(f"relay ban: not a valid {what}: {item!r}" + (" (64 lowercase hex characters)" if what != "ip" else ""),
+              file=sys.stderr)
         return 2
     moderation = await _open(config)
     try:
+        if what == "ip":
+            await moderation.add(BLOCKED_IP, key, reason)
+            print(f"relay ban: ip {key} blocked")
+            return 0
         if what == "event":
             removed = await moderation.ban_event(item, reason)
             print(f"relay ban: event {item} banned; {'removed' if removed else 'was not stored'}")

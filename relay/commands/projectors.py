@@ -208,8 +208,8 @@ def run_query(config: Config, table: str, where: str | None, output: str, limit:
         if keyset is not None:
             return _keyset_query(conn, views(config.projectors).get(table), keyset, output, limit)
         sql = f"SELECT * FROM {quote(table)}"
-        if where:
-            sql += f" WHERE {where}"
+        if where:  # on lines of its own, in parentheses: a trailing `--` comment cannot swallow the LIMIT
+            sql += f" WHERE (\n{where}\n)"
         if limit is not None:
             sql += f" LIMIT {int(limit):d}"
         try:

@@ -9,9 +9,11 @@ counts are those a client would have been told in its OK replies.
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -19,9 +21,10 @@ from typing import BinaryIO
 import orjson
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from relay.commands.interrupt import EXIT_INTERRUPTED, interruptible
+from relay.commands.linereader import LineReader
 from relay.config import Config
 from relay.ingest import IMPORT, Ingest, Outcome
 from relay.ingest.moderation import Moderation
@@ -81,19 +84,35 @@ Rejected = Callable[[int, bytes, Event | None, Outcome], None]
 """Told of each rejected line: (line number, the line, its event if it parsed, the outcome)."""
 
 
-async def import_lines(ingest: Ingest, lines: Iterable[bytes], progress=None, report: ImportReport | None = None,
-                       rejected: Rejected | None = None) -> ImportReport:
+async def import_lines(ingest: Ingest, lines: Iterable[bytes] | AsyncIterable[bytes | Outcome], progress=None,
+                       report: ImportReport | None = None, rejected: Rejected | None = None) -> ImportReport:
     """Take each non-blank JSONL line (one event object per line) through `ingest` as `IMPORT`.
 
-    Lines go in chunks of `CHUNK_LINES`, whose signatures are checked together
-    on the ingest's pool; `progress(n)` is called with the number of lines
-    done after each chunk.  Counts go to `report` (a new one if None), which
-    holds the chunks done so far if the import is cancelled.
+    `lines` may hold, in place of a line, the `Outcome` refusing it unread
+    (`LineReader.too_long`).  Lines go in chunks of `CHUNK_LINES`, whose
+    signatures are checked together on the ingest's pool; `progress()` is
+    called after each chunk.  Counts go to `report` (a new one if None),
+    which holds the chunks done so far if the import is cancelled; cancelled
+    while waiting for `lines` (SIGINT on a stalled pipe), the lines already
+    read are imported first.
     """
     report = ImportReport() if report is None else report
+    source = aiter(lines) if isinstance(lines, AsyncIterable) else _async(lines)
     chunk: list[tuple[int, bytes]] = []
-    for number, line in enumerate(lines, 1):
-        if line.strip():
+    number = 0
+    while True:
+        try:
+            line = await anext(source)
+        except StopAsyncIteration:
+            break
+        except asyncio.CancelledError:
+            if chunk:
+                await _import_chunk(ingest, chunk, report, progress, rejected)
+            raise
+        number += 1
+        if isinstance(line, Outcome):
+            _refuse(number, line, report, rejected)
+        elif line.strip():
             chunk.append((number, line))
         if len(chunk) >= CHUNK_LINES:
             await _import_chunk(ingest, chunk, report, progress, rejected)
@@ -103,6 +122,18 @@ async def import_lines(ingest: Ingest, lines: Iterable[bytes], progress=None, re
     return report
 
 
+async def _async(lines: Iterable[bytes]) -> AsyncIterator[bytes]:
+    for line in lines:
+        yield line
+
+
+def _refuse(number: int, outcome: Outcome, report: ImportReport, rejected: Rejected | None) -> None:
+    """Count line `number`, refused unread (too long), and tell `rejected` with an empty text."""
+    report.add(outcome, number)
+    if rejected is not None:
+        rejected(number, b"", None, outcome)
+
+
 async def _import_chunk(ingest: Ingest, chunk: list[tuple[int, bytes]], report: ImportReport, progress,
                         rejected: Rejected | None) -> None:
     answers = await ingest.accept_many([line for _, line in chunk], IMPORT)
@@ -110,12 +141,13 @@ async def _import_chunk(ingest: Ingest, chunk: list[tuple[int, bytes]], report: 
         report.add(outcome, number)
         if rejected is not None and not outcome.accepted and outcome not in (NEWER_VERSION, EPHEMERAL):
             rejected(number, line, event, outcome)
-    progress and progress(len(chunk))
+    progress and progress()
 
 
 def rejects_writer(out: BinaryIO) -> Rejected:
     """`--rejects FILE`: one JSON object per rejected line, `{"line": n, "id": "<hex>" | null, "reason":
-    "<NIP-01 prefix>: ...", "text": "<the line as read>"}`."""
+    "<NIP-01 prefix>: ...", "text": "<the line as read>"}`; `text` is "" for a line longer than
+    `limits.max_message_bytes`, which is not kept."""
 
     def write(number: int, line: bytes, event: Event | None, outcome: Outcome) -> None:
         out.write(orjson.dumps({"line": number, "id": event.id if event is not None else _id_of(line),
@@ -148,30 +180,42 @@ def print_import_report(report: ImportReport) -> None:
 
 async def run_import(config: Config, path: Path, rejects: Path | None = None) -> int:
     """`relay import FILE [--rejects OUT]`: prints the counts (see `ImportReport`, `print_import_report`);
-    `rejects` gets each rejected line (`rejects_writer`).  Exit 0; 2 if FILE or OUT cannot be opened; 130
-    when interrupted (SIGINT), after the summary of the lines done."""
+    `rejects` gets each rejected line (`rejects_writer`), replacing what OUT held.
+
+    FILE ('-': stdin) may be a regular file, a pipe or a FIFO; it is read
+    once.  A line longer than `limits.max_message_bytes` is rejected without
+    being read into memory.  Exit 0; 2 (one line on stderr) if FILE or OUT
+    cannot be opened or OUT is FILE; 130 when interrupted (SIGINT), after the
+    summary of the lines done, including those read before a stalled pipe.
+    """
     console = Console(stderr=True)
     try:
         source = sys.stdin.buffer if str(path) == "-" else path.open("rb")
+        info = os.fstat(source.fileno())
+        regular = stat.S_ISREG(info.st_mode)  # a device such as /dev/null may be both
+        if regular and rejects is not None and rejects.exists() and os.path.samestat(info, rejects.stat()):
+            raise OSError(f"--rejects {rejects} is the input file: writing it would empty it first")
         out = rejects.open("wb") if rejects is not None else None
     except OSError as exc:
-        console.print(f"relay import: {exc}")
+        print(f"relay import: {exc}", file=sys.stderr)
         return 2
     store = await open_store(config, read_connections=1)
     ingest = Ingest.from_config(config, store, moderation=await Moderation.open(store, config))  # bans
     report = ImportReport()
+    reader = LineReader(source.fileno(), config.limits.max_message_bytes)
     try:
-        with source:
-            total = None if source is sys.stdin.buffer else sum(1 for _ in path.open("rb"))
-            with Progress(TextColumn("importing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                          console=console, disable=not console.is_terminal) as bar:
-                task = bar.add_task("import", total=total)
-                interrupted = await interruptible(import_lines(
-                    ingest, source, lambda n: bar.advance(task, n), report,
-                    rejects_writer(out) if out is not None else None))
+        with Progress(TextColumn("importing"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                      console=console, disable=not console.is_terminal) as bar:
+            # Bytes, not lines: only a regular file's size is known before reading it.
+            task = bar.add_task("import", total=info.st_size if regular else None)
+            interrupted = await interruptible(import_lines(
+                ingest, reader.lines(), lambda: bar.update(task, completed=reader.consumed), report,
+                rejects_writer(out) if out is not None else None))
     finally:
         await ingest.aclose()
         await store.close()
+        if source is not sys.stdin.buffer:
+            source.close()
         if out is not None:
             out.close()
     print_import_report(report)
