@@ -71,6 +71,12 @@ async def test_a_role_grants_its_methods_to_its_pubkeys(managed, alice):
     assert await result(managed.port, "listroles") == [
         {"id": "mods", "label": "Mods", "description": "", "color": "", "order": 1,
          "methods": ["banpubkey", "listbannedpubkeys"], "pubkeys": [MOD]}]
+    # fields left out, or null, keep their values
+    assert await result(managed.port, "editrole", "mods", None, "ban spammers", None) is True
+    assert await result(managed.port, "editrole", "mods") is True
+    assert (await result(managed.port, "listroles"))[0] == {
+        "id": "mods", "label": "Mods", "description": "ban spammers", "color": "", "order": 1,
+        "methods": ["banpubkey", "listbannedpubkeys"], "pubkeys": [MOD]}
     assert await result(managed.port, "unassignrole", MOD, "mods") is True
     assert (await as_moderator(managed, "listbannedpubkeys"))[0] == 401
     await result(managed.port, "assignrole", MOD, "mods")
