@@ -97,8 +97,9 @@ def _cursor(text: str) -> int:
 
 
 def _row_limit(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"a limit is a whole number >= 0, got {text!r}")
+    # SQLite binds a limit as a signed 64-bit INTEGER: a larger one would fail there, unnamed
+    if not text.isascii() or not text.isdigit() or int(text) > MAX_CURSOR:
+        raise argparse.ArgumentTypeError(f"a limit is a whole number 0..{MAX_CURSOR}, got {text!r}")
     return int(text)
 
 
@@ -272,6 +273,12 @@ def _run_projector_command(config: Config, args: argparse.Namespace) -> int:
             print("relay query: --where (SQL) and --pk (one row) go alone; --param, --order-by and --after go "
                   "together", file=sys.stderr)
             return 2
+        seen: set[str] = set()
+        for column, _ in args.param:  # as GET /tables refuses `?col=a&col=b`: an equality holds one value
+            if column in seen:
+                print(f"relay query: {column}: given twice", file=sys.stderr)
+                return 2
+            seen.add(column)
         return pc.run_query(config, args.table, args.where, args.output, args.limit, keyset)
     if args.action == "list":
         return pc.run_projectors_list(config)

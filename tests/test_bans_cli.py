@@ -145,3 +145,24 @@ async def test_ban_ip_from_the_command_line_refuses_new_connections_until_unban(
         assert await eventually(admitted)
     finally:
         await relay.stop()
+
+
+async def test_ban_refuses_an_admin_a_too_wide_network_and_a_long_reason(tmp_path, alice):
+    """`relay ban pubkey` of an `[admin] pubkeys` pubkey, `relay ban ip` of a network wider than /8 (/32 for
+    IPv6), a --reason past 1,000 characters: exit 2 with one line saying why, and nothing is banned; a /8 and
+    a 1,000-character reason are taken."""
+    relay = Relay(make_config(tmp_path))
+    await relay.start()
+    await relay.stop()
+    db = relay.config.store.path
+    config = tmp_path / "admin.toml"
+    config.write_text(f'[admin]\npubkeys = ["{alice.pubkey}"]\n[server]\npublic_url = "wss://relay.example"\n')
+    for args, why in ((("ban", "pubkey", alice.pubkey), "remove it from [admin] pubkeys"),
+                      (("ban", "ip", "0.0.0.0/0"), "wider than /8"), (("ban", "ip", "2001:db8::/31"), "wider than /32"),
+                      (("ban", "pubkey", "ab" * 32, "--reason", "x" * 1001), "--reason is longer than 1000")):
+        code, out, err = await _cli(db, *args, "--config", config)
+        assert (code, out, err.count("\n")) == (2, "", 1) and why in err, err
+    assert (await _cli(db, "ban", "ip", "10.0.0.0/8", "--config", config))[0] == 0
+    assert (await _cli(db, "ban", "pubkey", "ab" * 32, "--reason", "x" * 1000, "--config", config))[0] == 0
+    found = json.loads((await _cli(db, "bans", "--json"))[1])
+    assert ([p["pubkey"] for p in found["pubkeys"]], [i["ip"] for i in found["ips"]]) == (["ab" * 32], ["10.0.0.0/8"])

@@ -92,8 +92,20 @@ def test_rejects_naming_the_input_is_refused_and_the_input_kept(tmp_path):
     for rejects in (source, tmp_path / "link.jsonl"):
         done = relay_cli("import", source, "--db", tmp_path / "r.db", "--rejects", rejects)
         assert (done.returncode, done.stdout, done.stderr.count("\n")) == (2, "", 1), done.stderr
-        assert "is the input file" in done.stderr
+        assert "is the input" in done.stderr
     assert source.read_bytes() == EVENTS.read_bytes()
+
+
+def test_rejects_naming_the_input_pipe_is_refused_and_dev_null_is_not(tmp_path):
+    """`cat FILE | relay import - --rejects /dev/stdin` exits 2 with one line, at once (opening the pipe for
+    writing held its write end: the import never saw the input end); a character device such as /dev/null
+    may be both input and rejects."""
+    done = relay_cli("import", "-", "--db", tmp_path / "r.db", "--rejects", "/dev/stdin", stdin=EVENTS.read_bytes())
+    assert (done.returncode, done.stdout, done.stderr.count("\n")) == (2, "", 1), done.stderr
+    assert "--rejects /dev/stdin is the input" in done.stderr
+    with open(os.devnull, "rb") as null:
+        assert _import(os.devnull, "--db", tmp_path / "r.db", "--rejects", os.devnull, stdin=null).wait(
+            CLI_TIMEOUT) == 0
 
 
 def test_ctrl_c_on_a_stalled_pipe_imports_what_was_read_and_exits_130(tmp_path):

@@ -56,3 +56,18 @@ def test_pk_reads_one_row_and_bad_parameters_are_named(db):
                                                               check=2).stderr
     assert "after: not a cursor" in relay("query", "profiles", "--db", db, "--after", "nope", check=2).stderr
     assert "go alone" in relay("query", "profiles", "--db", db, "--where", "1", "--param", "nip05=x", check=2).stderr
+
+
+def test_limit_zero_huge_and_a_repeated_param_are_answered(db):
+    """--limit 0 prints no row; a limit past SQLite's 64-bit INTEGER, or a column given twice: exit 2 naming it."""
+    for extra in ([], ["--param", "nip05=x"], ["--after", relay("query", "profiles", "--db", db, "--order-by", "nip05",
+                                                                 "--limit", "1").stderr.split("--after ")[1].split()[0]]):
+        proc = relay("query", "profiles", "--db", db, "--limit", "0", "--order-by", "nip05", *extra)
+        assert proc.stdout.count("\n") == 1 and "--after" not in proc.stderr  # the header alone
+    assert relay("query", "profiles", "--db", db, "--limit", str(2**63 - 1), "--order-by", "nip05").stdout.count(
+        "\n") > 1
+    for limit in (str(2**63), "9" * 23):
+        assert "--limit: a limit is a whole number" in relay("query", "profiles", "--db", db, "--limit", limit,
+                                                             "--order-by", "nip05", check=2).stderr
+    assert "pubkey: given twice" in relay("query", "profiles", "--db", db, "--param", "pubkey=a", "--param",
+                                          "pubkey=b", check=2).stderr

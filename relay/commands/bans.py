@@ -21,6 +21,7 @@ from relay.config import Config
 from relay.ingest.moderation import Moderation
 from relay.node import open_store
 from relay.protocol.event import is_hex64
+from relay.server.management import MAX_REASON, admin_ban_refusal, block_refusal
 from relay.store.location import DatabaseUnusable
 from relay.store.moderation import (
     ALLOWED_KIND,
@@ -59,7 +60,8 @@ async def _open(config: Config) -> Moderation:
 
 async def run_ban(config: Config, what: str, item: str, reason: str, purge: bool) -> int:
     """`relay ban event ID | pubkey PK [--purge] | ip ADDRESS`: exit 0; 2 (message on stderr) for a malformed ID,
-    PK or ADDRESS.
+    PK or ADDRESS, a PK of `[admin] pubkeys`, a network wider than `WIDEST_BLOCK`, or a `reason` longer than
+    `MAX_REASON` characters (relay/server/management.py).
 
     An event is removed at once if stored; a pubkey's stored events are
     removed too with `--purge` or `[admin] purge_on_ban`, in batches (run
@@ -71,6 +73,12 @@ async def run_ban(config: Config, what: str, item: str, reason: str, purge: bool
     if key is None:
         print(f"relay ban: not a valid {what}: {item!r}" + (" (64 lowercase hex characters)" if what != "ip" else ""),
               file=sys.stderr)
+        return 2
+    refusal = (f"--reason is longer than {MAX_REASON} characters" if len(reason) > MAX_REASON
+               else admin_ban_refusal(key) if what == "pubkey" and key in config.admin.pubkeys
+               else block_refusal(key, admin=True) if what == "ip" else None)
+    if refusal is not None:  # as NIP-86 refuses it
+        print(f"relay ban: {refusal}", file=sys.stderr)
         return 2
     moderation = await _open(config)
     try:

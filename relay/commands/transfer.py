@@ -192,9 +192,13 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None) ->
     try:
         source = sys.stdin.buffer if str(path) == "-" else path.open("rb")
         info = os.fstat(source.fileno())
-        regular = stat.S_ISREG(info.st_mode)  # a device such as /dev/null may be both
-        if regular and rejects is not None and rejects.exists() and os.path.samestat(info, rejects.stat()):
-            raise OSError(f"--rejects {rejects} is the input file: writing it would empty it first")
+        regular = stat.S_ISREG(info.st_mode)
+        # A character device such as /dev/null may be both.  A pipe may not: opening it (`--rejects /dev/stdin`
+        # for `cat x | relay import -`) would hold its write end, and the input would never end.
+        if not stat.S_ISCHR(info.st_mode) and rejects is not None and rejects.exists() \
+                and os.path.samestat(info, rejects.stat()):
+            raise OSError(f"--rejects {rejects} is the input: writing it would empty it first, or (a pipe) "
+                          "never let it end")
         out = rejects.open("wb") if rejects is not None else None
     except OSError as exc:
         print(f"relay import: {exc}", file=sys.stderr)

@@ -51,8 +51,33 @@ def _json(status: HTTPStatus, body: dict) -> HttpResponse:
     return HttpResponse(status, orjson.dumps(body), CONTENT_TYPE)
 
 
+MAX_REASON = 1000
+"""Characters a ban's (or a kind rule's) reason may have at most: lists show it to every admin."""
+WIDEST_BLOCK = {4: 8, 6: 32}
+"""The shortest prefix length of a network that may be blocked, by IP version: a wider network would shut out
+much of the internet, the admins with it (0.0.0.0/0: everyone)."""
+
+
+def block_refusal(network: str, admin: bool) -> str | None:
+    """Why `network` (an IP address or network, as `ipaddress` writes it) may not be blocked by an admin
+    (`admin`) or by a pubkey granted blockip, or None when it may."""
+    net = ipaddress.ip_network(network)
+    widest = WIDEST_BLOCK[net.version]
+    if net.prefixlen < widest:
+        return f"{net} is wider than /{widest}: block networks of /{widest} or narrower"
+    if not admin and net.num_addresses > 1:
+        return f"only the relay's admins block networks: block single addresses (/{net.max_prefixlen})"
+    return None
+
+
+def admin_ban_refusal(pubkey: str) -> str:
+    """Why 64-hex `pubkey`, one of `[admin] pubkeys`, may not be banned."""
+    return f"{pubkey} is an admin of this relay: remove it from [admin] pubkeys in the configuration first"
+
+
 def _reason(params: list) -> str:
-    return param(params, 1, "a string (the reason)", lambda v: type(v) is str, default="")
+    return param(params, 1, f"a string of at most {MAX_REASON} characters (the reason)",
+                 lambda v: type(v) is str and len(v) <= MAX_REASON, default="")
 
 
 def _kind(params: list) -> int:
@@ -252,6 +277,11 @@ class ManagementApi:
         call = METHODS.get(method)
         if call is None:
             raise MethodError(f"invalid: unknown method {method!r:.80}")
+        # Checked here, where the caller is known: a grantee could otherwise lock the admins out.
+        if method == "banpubkey" and pubkey(params) in self.admins:
+            raise MethodError("restricted: " + admin_ban_refusal(pubkey(params)))
+        if method == "blockip" and (refusal := block_refusal(_ip(params), admin=allowed is None)) is not None:
+            raise MethodError("restricted: " + refusal)
         return await call(self.moderation, params)
 
 

@@ -56,8 +56,11 @@ async def _create_role(moderation: Moderation, params: list) -> bool:
 
 
 async def _edit_role(moderation: Moderation, params: list) -> bool:
-    role = _role(params)
-    return _must(await _write(moderation, table.edit_role, role), f"invalid: no role {role.id!r}")
+    # a field left out or null keeps its value, so that an edit may change the color alone
+    kept = {i for i in (1, 2, 3, 4) if i >= len(params) or params[i] is None}
+    role = _role([("" if i < 4 else 0) if i in kept else v for i, v in enumerate(params)])  # kept ones: placeholders
+    fields = [None if i in kept else v for i, v in enumerate((role.label, role.description, role.color, role.order), 1)]
+    return _must(await _write(moderation, table.edit_role, role.id, *fields), f"invalid: no role {role.id!r}")
 
 
 async def _delete_role(moderation: Moderation, params: list) -> bool:

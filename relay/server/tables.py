@@ -7,7 +7,7 @@ the store's read connections (relay/store/records.py: keyset pagination).
 A request takes a token of its client IP's REQ bucket (`[rate_limits]`, as a
 `REQ` does); tables of `[auth] private_kinds` are never served (NIP-42: such
 events go only to their author or recipient, and their rows would show them).
-Every refusal is JSON, `{"error": "<NIP-01 prefix>: ...", "parameter": NAME}`.
+Every refusal is JSON, `{"error": "<NIP-01 prefix>: ...", "parameter": NAME}` (no "parameter" in a 429).
 """
 
 from __future__ import annotations
@@ -46,13 +46,13 @@ class TablesApi:
     async def list_tables(self, request: HttpRequest) -> HttpResponse:
         """Each served table's `{"name", "kind", "columns": [{"name", "type"}], "key", "indexes"}`."""
         if not self._allowed(request):
-            return _refusal(HTTPStatus.TOO_MANY_REQUESTS, "", REFUSALS[REQS])
+            return _refusal(HTTPStatus.TOO_MANY_REQUESTS, None, REFUSALS[REQS])
         return HttpResponse(HTTPStatus.OK, self._list, "application/json")
 
     async def read_table(self, request: HttpRequest) -> HttpResponse:
         """One page of the table named by the path; 400 naming the parameter at fault, 404 for no such table."""
         if not self._allowed(request):
-            return _refusal(HTTPStatus.TOO_MANY_REQUESTS, "", REFUSALS[REQS])
+            return _refusal(HTTPStatus.TOO_MANY_REQUESTS, None, REFUSALS[REQS])
         name = request.path[len(PATH) + 1:]
         if name not in self.records.tables:
             return _refusal(HTTPStatus.NOT_FOUND, "table", f"invalid: no table {name!r} is served here")
@@ -93,6 +93,8 @@ class TablesApi:
             self.rate_limits.close(rate)
 
 
-def _refusal(status: HTTPStatus, parameter: str, message: str) -> HttpResponse:
-    body = {"error": message, **({"parameter": parameter} if parameter else {})}
+def _refusal(status: HTTPStatus, parameter: str | None, message: str) -> HttpResponse:
+    """`{"error": message, "parameter": parameter}`; None: no parameter is at fault (a rate limit), whereas ""
+    names the empty parameter name of `?=x`."""
+    body = {"error": message, **({"parameter": parameter} if parameter is not None else {})}
     return HttpResponse(status, orjson.dumps(body), "application/json")

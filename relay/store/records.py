@@ -114,7 +114,7 @@ class TableView:
     def query(self, conn: sqlite3.Connection, where: Mapping[str, object], order_by: str | None, limit: int | None,
               after: str | None) -> Page:
         """Rows whose columns equal `where` (key or indexed columns), ordered by `order_by` (default: the key)
-        then the key, at most `limit` (>= 1; None: all) of them, starting after the cursor `after` (a `Page.next`).
+        then the key, at most `limit` (>= 0; None: all) of them, starting after the cursor `after` (a `Page.next`).
 
         Raises:
             RecordQueryError: naming the parameter (a column, "order_by", "after").
@@ -132,10 +132,12 @@ class TableView:
         sql = (f"SELECT {', '.join(quote(c) for c in columns)} FROM {quote(self.name)}"
                + (" WHERE " + " AND ".join(clauses) if clauses else "")
                + " ORDER BY " + ", ".join(quote(c) for c in order) + " LIMIT ?")
-        rows = conn.execute(sql, (*params, -1 if limit is None else limit + 1)).fetchall()  # -1: no limit
+        # -1: no limit; one row more tells whether a next page follows (SQLite's LIMIT is a signed 64-bit INTEGER)
+        rows = conn.execute(sql, (*params, -1 if limit is None else min(limit + 1, 2**63 - 1))).fetchall()
         # The store's read connections give TEXT as bytes (relay/store/db.py); projected tables hold no BLOB.
         found = [{c: v.decode() if type(v) is bytes else v for c, v in zip(columns, row)} for row in rows[:limit]]
-        last = found[-1] if limit is not None and len(rows) > limit else None
+        # limit 0: no rows, and no cursor, as there is no last row to continue after
+        last = found[-1] if limit and len(rows) > limit else None
         return Page(found, None if last is None else encode_cursor([last[c] for c in order]))
 
     def _cursor(self, order: tuple[str, ...], after: str) -> list[object]:

@@ -54,10 +54,12 @@ def create_role(cur: sqlite3.Cursor, role: Role) -> bool:
                        (role.id, role.label, role.description, role.color, role.order)).rowcount > 0
 
 
-def edit_role(cur: sqlite3.Cursor, role: Role) -> bool:
-    """Replace the fields of the role `role.id`; False when there is none."""
-    return cur.execute("UPDATE roles SET label = ?, description = ?, color = ?, ord = ? WHERE id = ?",
-                       (role.label, role.description, role.color, role.order, role.id)).rowcount > 0
+def edit_role(cur: sqlite3.Cursor, role_id: str, label: str | None, description: str | None, color: str | None,
+              order: int | None) -> bool:
+    """Set the fields of the role `role_id` that are not None, keeping the others; False when there is none."""
+    return cur.execute("UPDATE roles SET label = coalesce(?, label), description = coalesce(?, description), "
+                       "color = coalesce(?, color), ord = coalesce(?, ord) WHERE id = ?",
+                       (label, description, color, order, role_id)).rowcount > 0
 
 
 def delete_role(cur: sqlite3.Cursor, role_id: str) -> bool:

@@ -71,6 +71,12 @@ async def test_a_role_grants_its_methods_to_its_pubkeys(managed, alice):
     assert await result(managed.port, "listroles") == [
         {"id": "mods", "label": "Mods", "description": "", "color": "", "order": 1,
          "methods": ["banpubkey", "listbannedpubkeys"], "pubkeys": [MOD]}]
+    # fields left out, or null, keep their values
+    assert await result(managed.port, "editrole", "mods", None, "ban spammers", None) is True
+    assert await result(managed.port, "editrole", "mods") is True
+    assert (await result(managed.port, "listroles"))[0] == {
+        "id": "mods", "label": "Mods", "description": "ban spammers", "color": "", "order": 1,
+        "methods": ["banpubkey", "listbannedpubkeys"], "pubkeys": [MOD]}
     assert await result(managed.port, "unassignrole", MOD, "mods") is True
     assert (await as_moderator(managed, "listbannedpubkeys"))[0] == 401
     await result(managed.port, "assignrole", MOD, "mods")
@@ -154,3 +160,30 @@ async def test_supportedmethods_lists_every_method_nip86_lists(managed):
     """An admin's supportedmethods names each method of NIP-86's list, each once."""
     methods = await result(managed.port, "supportedmethods")
     assert set(NIP86_METHODS) <= set(methods) and len(methods) == len(set(methods))
+
+
+async def test_nobody_bans_an_admin_or_blocks_too_wide_and_grantees_block_single_addresses(managed):
+    """banpubkey of an `[admin] pubkeys` pubkey: "restricted:" naming the configuration, for a grantee and an
+    admin alike; blockip: a grantee only single addresses, nobody a network wider than /8 (IPv4), /32 (IPv6);
+    a reason past 1,000 characters: "invalid:"."""
+    admin = admin_keys().public_key().to_hex()
+    for method in ("banpubkey", "blockip", "listbannedpubkeys", "listblockedips"):
+        await result(managed.port, "assignmethod", MOD, method)
+    for status, answer in (await as_moderator(managed, "banpubkey", admin), await call(managed.port, "banpubkey", admin)):
+        assert status == 200 and answer["error"].startswith("restricted: ") and "[admin] pubkeys" in answer["error"]
+    for network in ("0.0.0.0/0", "10.0.0.0/8", "192.0.2.0/31", "2001:db8::/64"):
+        status, answer = await as_moderator(managed, "blockip", network)
+        assert status == 200 and answer["error"].startswith("restricted: "), (network, answer)
+    for network in ("0.0.0.0/0", "10.0.0.0/7", "::/0", "2001:db8::/31"):
+        status, answer = await call(managed.port, "blockip", network)
+        assert status == 200 and answer["error"].startswith("restricted: ") and "wider than" in answer["error"]
+    assert await as_moderator(managed, "blockip", "192.0.2.7") == (200, {"result": True})
+    assert await as_moderator(managed, "blockip", "2001:db8::7/128") == (200, {"result": True})
+    assert await result(managed.port, "blockip", "10.0.0.0/8") is True
+    assert await result(managed.port, "blockip", "2001:db8::/32") is True
+    assert {e["ip"] for e in (await as_moderator(managed, "listblockedips"))[1]["result"]} == {
+        "192.0.2.7/32", "2001:db8::7/128", "10.0.0.0/8", "2001:db8::/32"}
+    assert (await as_moderator(managed, "banpubkey", "ab" * 32, "x" * 1000)) == (200, {"result": True})
+    status, answer = await as_moderator(managed, "banpubkey", "cd" * 32, "x" * 1001)
+    assert status == 200 and answer["error"].startswith("invalid: ")
+    assert [e["pubkey"] for e in (await as_moderator(managed, "listbannedpubkeys"))[1]["result"]] == ["ab" * 32]

@@ -102,9 +102,10 @@ async def test_bad_parameters_are_refused_naming_the_parameter(tmp_path):
     async with _running(_config(tmp_path)) as relay:
         for query, parameter in (("name=n", "name"), ("nope=1", "nope"), ("order_by=about", "order_by"),
                                  ("order_by=nope", "order_by"), ("limit=0", "limit"), ("limit=x", "limit"),
-                                 ("after=%21%21", "after"), ("after=WzFd", "after"), ("pubkey=a&pubkey=b", "pubkey")):
+                                 ("after=%21%21", "after"), ("after=WzFd", "after"), ("pubkey=a&pubkey=b", "pubkey"),
+                                 ("=x", "")):  # an empty name is named too, as ""
             status, body = await _get(relay, "/tables/profiles?" + query)
-            assert (status, body.get("parameter")) == (400, parameter), (query, body)
+            assert (status, body["parameter"]) == (400, parameter), (query, body)
             assert body["error"].startswith("invalid: ")
         for path, parameter in (("articles?published_at=soon", "published_at"),
                                 ("follows?followed=" + "a" * 64, "followed"),  # no index starts with it
@@ -182,3 +183,4 @@ async def test_table_reads_are_rate_limited_like_req(tmp_path):
         statuses = [(await _get(relay, "/tables/profiles"))[0] for _ in range(3)]
         status, body = await _get(relay, "/tables")
         assert statuses == [200, 200, 200] and status == 429 and body["error"].startswith("rate-limited:")
+        assert "parameter" not in body  # no parameter is at fault
