@@ -154,13 +154,13 @@ def test_a_request_cut_short_goes_to_websockets_unless_it_is_a_routes():
 
 def test_every_answer_carries_the_cors_headers_of_the_table():
     """One CORS policy: any origin and header (Authorization named: `*` does not cover it), and every method
-    the table routes (GET, POST here)."""
+    the table routes (GET, POST here); and `Connection: close`, as the connection ends after one answer."""
     response = _routes().response(HttpResponse(HTTPStatus.OK, b"{}", "application/json"))
     assert response.status_code == 200 and response.body == b"{}"
     assert list(response.headers.raw_items()) == [
         ("Content-Type", "application/json"), ("Content-Length", "2"), ("Access-Control-Allow-Origin", "*"),
         ("Access-Control-Allow-Headers", "Authorization, Content-Type, *"),
-        ("Access-Control-Allow-Methods", "GET, POST")]
+        ("Access-Control-Allow-Methods", "GET, POST"), ("Connection", "close")]
 
 
 # --- through a real relay ---------------------------------------------------------------------------------
@@ -272,3 +272,25 @@ async def test_a_real_client_reads_an_answer_to_any_method_and_head_like_get(rel
         assert got[0] == head[0] == 200 and head[2] == b""
         assert head[1]["Content-Type"] == got[1]["Content-Type"] and int(head[1]["Content-Length"]) > 0
     assert (await asyncio.to_thread(_http, relay.port, "HEAD", "/health"))[1]["Content-Length"] == "3"
+
+
+async def test_a_keep_alive_client_is_told_to_reconnect_and_a_pipelined_request_is_not_read(relay):
+    """Each answer says `Connection: close`: http.client, reusing its connection, opens a new one for each
+    request and reads every answer (the second was dropped unanswered); of two pipelined requests, the first
+    is answered with `Connection: close`, then the connection ends."""
+    def reuse() -> list[tuple[int, str | None, bytes]]:
+        connection = http.client.HTTPConnection("127.0.0.1", relay.port, timeout=5)
+        try:
+            answers = []
+            for _ in range(3):
+                connection.request("GET", "/health")
+                response = connection.getresponse()
+                answers.append((response.status, response.headers["Connection"], response.read()))
+            return answers
+        finally:
+            connection.close()
+
+    assert await asyncio.to_thread(reuse) == [(200, "close", b"ok\n")] * 3
+    one = b"GET /health HTTP/1.1\r\nHost: relay\r\n\r\n"
+    answer = await _raw(relay.port, one + one)
+    assert answer.count(b"HTTP/1.1 ") == 1 and b"\r\nConnection: close\r\n" in answer and answer.endswith(b"ok\n")

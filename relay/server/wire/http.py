@@ -24,7 +24,9 @@ once, as soon as it can:
   426 here, as websockets answers a plain GET (400 to an upgrade with a body).
 
 Every request is answered: websockets sends nothing at all to a request it
-cannot parse (a body, a method other than GET), so none reaches it.
+cannot parse (a body, a method other than GET), so none reaches it.  Every
+answer says `Connection: close`: the connection ends after it, and a request
+sent behind the first one is not read.
 
 A route matches a method and a path (`route_path`: the request target
 without its query string, the one accepted-paths check), and optionally a
@@ -201,10 +203,12 @@ class Routes:
                 ("Access-Control-Allow-Methods", methods)]
 
     def response(self, answer: HttpResponse, head: bool = False) -> Response:
-        """`answer` as websockets' `Response`, with its length and the CORS headers; to a HEAD request
-        (`head`), without its body but with the length it has (RFC 9110 9.3.2)."""
+        """`answer` as websockets' `Response`, with its length, the CORS headers and `Connection: close`; to a
+        HEAD request (`head`), without its body but with the length it has (RFC 9110 9.3.2)."""
+        # Connection: close, as the connection ends after one answer: a keep-alive client opens a new one
+        # rather than send its next request where nothing reads it (RFC 9112 9.6).
         headers = Headers([("Content-Type", answer.content_type), ("Content-Length", str(len(answer.body))),
-                           *(answer.cors or self.cors_headers()), *answer.headers])
+                           *(answer.cors or self.cors_headers()), *answer.headers, ("Connection", "close")])
         return Response(answer.status.value, answer.status.phrase, headers, b"" if head else answer.body)
 
 
