@@ -13,7 +13,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from relay.server.wire.http import HANDOFF, Answer, HttpRequest, HttpResponse, RequestReader, Routes, quality
+from relay.server.wire.http import (HANDOFF, UPGRADE_REQUIRED, Answer, HttpRequest, HttpResponse, RequestReader,
+                                    Routes, quality)
 from tests.conftest import make_config
 from tests.helpers import Client
 from tests.inprocess import Relay
@@ -90,7 +91,7 @@ def test_the_route_of_the_highest_quality_answers(accept, route):
     decision = RequestReader(routes, 1000).feed(b"GET / HTTP/1.1\r\nHost: relay\r\nAccept: %s\r\n\r\n"
                                                 % accept.encode())
     assert (decision.route.accept if type(decision) is Answer else None) == route
-    assert decision is HANDOFF or route is not None  # nothing acceptable: websockets' 426
+    assert decision is UPGRADE_REQUIRED or route is not None  # nothing acceptable: the relay's 426
 
 
 # --- through a real relay ---------------------------------------------------------------------------------

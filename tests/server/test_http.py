@@ -12,7 +12,8 @@ from http import HTTPStatus
 
 import pytest
 
-from relay.server.wire.http import ANY_PATH, HANDOFF, Answer, HttpRequest, HttpResponse, RequestReader, Routes
+from relay.server.wire.http import (ANY_PATH, HANDOFF, UPGRADE_REQUIRED, Answer, HttpRequest, HttpResponse,
+                                    RequestReader, Routes)
 from tests.helpers import Client, eventually
 
 UPGRADE = (b"GET /any?x HTTP/1.1\r\nHost: relay\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
@@ -74,13 +75,59 @@ def test_a_body_past_the_bound_is_refused_413(framing):
     assert type(decision) is HttpResponse and decision.status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE
 
 
-def test_gets_no_route_answers_go_to_websockets_as_received():
-    """An upgrade, a GET of another path: handed off, with every byte received so far (even a frame sent
-    behind the upgrade request), for websockets to parse unchanged; so is a GET with `Content-Length: 0`."""
+def test_upgrades_no_route_answers_go_to_websockets_as_received():
+    """An upgrade: handed off, with every byte received so far (even a frame sent behind the upgrade request),
+    for websockets to parse unchanged; so is one with `Content-Length: 0`."""
     reader, decision = _feed(UPGRADE + b"\x81\x00")
     assert decision is HANDOFF and bytes(reader.received) == UPGRADE + b"\x81\x00"
-    assert _feed(b"GET /nope HTTP/1.1\r\nHost: relay\r\n\r\n")[1] is HANDOFF
-    assert _feed(b"GET /nope HTTP/1.1\r\nHost: relay\r\nContent-Length: 0\r\n\r\n")[1] is HANDOFF
+    assert _feed(UPGRADE.replace(b"\r\n\r\n", b"\r\nContent-Length: 0\r\n\r\n"))[1] is HANDOFF
+
+
+@pytest.mark.parametrize("request_bytes, status, body", [
+    (b"GET /x HTTP/1.1\r\nHost: relay\r\nX-A: \x01\r\n\r\n", 400,
+     b"invalid: control character in header field x-a\n"),
+    (b"GET / HTTP/1.1\r\nHost: relay\r\nAccept: text/html\x7f\r\n\r\n", 400,
+     b"invalid: control character in header field accept\n"),
+    (b"GET /health HTTP/1.1\r\nHost: relay\r\nX-A: a\x1bb\r\n\r\n", 400,
+     b"invalid: control character in header field x-a\n"),
+    (UPGRADE.replace(b"\r\n", b"\n"), 400, b"invalid: malformed WebSocket opening request\n"),
+    (UPGRADE.replace(b"Upgrade\r\n", b"Upgrade\r\n\tx\r\n"), 400, b"invalid: malformed WebSocket opening request\n"),
+    (b"GET / HTTP/1.1\r\nHost: relay\r\nX-A: a\tb\r\n\r\n", 426, None),
+], ids=["ctl", "del", "esc-routed", "bare-lf", "folded", "htab"])
+def test_requests_websockets_parser_refuses_are_answered_400_here(request_bytes, status, body):
+    """A header value with a control character but HTAB (RFC 9110 5.5), on any path; an upgrade with bare LF
+    line ends or a folded line: 400 "invalid: ...".  websockets closed the connection on these without a word
+    (curl: "Empty reply from server"), and /health answered 200."""
+    _, decision = _feed(request_bytes)
+    assert type(decision) is HttpResponse and decision.status == status
+    assert body is None or decision.body == body
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"GET / HTTP/1.1\r\nHost: relay\r\n\r\n",
+    b"GET /nope?x HTTP/1.1\r\nHost: relay\r\nContent-Length: 0\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: relay\r\nConnection: Upgrade\r\n\r\n",
+    b"HEAD / HTTP/1.1\r\nHost: relay\r\n\r\n",
+], ids=["get", "get-length-0", "no-upgrade-header", "head"])
+def test_a_get_or_head_of_an_endpoint_without_upgrade_gets_the_relays_426(request_bytes):
+    """The relay's own 426 (its text, `Upgrade: websocket`), not websockets' ("Failed to open a WebSocket
+    connection: invalid Connection header", without CORS), for GET as for HEAD."""
+    _, decision = _feed(request_bytes)
+    assert decision is UPGRADE_REQUIRED and ("Upgrade", "websocket") in decision.headers
+    assert decision.body.startswith(b"upgrade required: ")
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"GET / HTTP/1.1\r\nHost: relay\r\nContent-Length: 101\r\n\r\n",
+    b"GET /nope HTTP/1.1\r\nHost: relay\r\nContent-Length: 2000000\r\n\r\n",
+    UPGRADE.replace(b"\r\n\r\n", b"\r\nContent-Length: 101\r\n\r\n"),
+    b"PUT / HTTP/1.1\r\nHost: relay\r\nContent-Length: 101\r\n\r\n",
+], ids=["get", "get-other-path", "upgrade", "put"])
+def test_a_body_past_the_bound_is_refused_413_on_every_path(request_bytes):
+    """A Content-Length past `max_body_bytes` gets 413 whatever the request (a GET of / got 426)."""
+    _, decision = _feed(request_bytes)
+    assert type(decision) is HttpResponse and decision.status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE
+    assert decision.body == b"invalid: request body too large (max 100 bytes)\n"
 
 
 @pytest.mark.parametrize("request_bytes, status, allow", [
@@ -115,7 +162,7 @@ def test_routes_match_the_path_without_its_query_and_the_accept_header():
     assert _feed(b"GET /health?probe HTTP/1.1\r\nHost: relay\r\n\r\n")[1].route.path == "/health"
     decision = _feed(b"GET /x HTTP/1.1\r\nHost: relay\r\nAccept: text/html, application/nostr+json\r\n\r\n")[1]
     assert decision.route.path == ANY_PATH
-    assert _feed(b"GET /x HTTP/1.1\r\nHost: relay\r\nAccept: text/html\r\n\r\n")[1] is HANDOFF
+    assert _feed(b"GET /x HTTP/1.1\r\nHost: relay\r\nAccept: text/html\r\n\r\n")[1] is UPGRADE_REQUIRED
 
 
 @pytest.mark.parametrize("request_bytes, status", [
@@ -124,11 +171,11 @@ def test_routes_match_the_path_without_its_query_and_the_accept_header():
     (b"GET / HTTP/1.1\r\nHost: a\r\nX: " + b"y" * 100_000 + b"\r\n\r\n", HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE),
 ], ids=["two-hosts", "not-http", "huge-headers"])
 def test_a_request_that_is_not_http_1_1_is_refused_without_quoting_it(request_bytes, status):
-    """What h11 cannot read is answered with its status and the status phrase, never the bytes sent; a
-    header block arriving in pieces is refused once more than `MAX_HEADER_BYTES` of it wait."""
+    """What h11 cannot read is answered with its status and "invalid: " the status phrase, never the bytes
+    sent; a header block arriving in pieces is refused once more than `MAX_HEADER_BYTES` of it wait."""
     _, decision = _feed(request_bytes, pieces=10)
     assert type(decision) is HttpResponse and decision.status == status
-    assert decision.body == f"{status.phrase}\n".encode()
+    assert decision.body == f"invalid: {status.phrase.lower()}\n".encode()
 
 
 @pytest.mark.parametrize("request_bytes, status", [
@@ -142,6 +189,7 @@ def test_a_routed_request_is_held_to_the_bounds_websockets_applies_to_the_rest(r
     or 431 on a routed path too, as before the reader (a walkthrough saw 200 for 70 kB lines and 2,000 headers)."""
     _, decision = _feed(request_bytes)
     assert type(decision) is HttpResponse and decision.status == status
+    assert decision.body.startswith(b"invalid: ")
 
 
 def test_a_request_cut_short_goes_to_websockets_unless_it_is_a_routes():
@@ -149,18 +197,18 @@ def test_a_request_cut_short_goes_to_websockets_unless_it_is_a_routes():
     reader, _ = _feed(b"GET /health HTTP/1.1\r\nHo")
     assert reader.end() is HANDOFF
     reader, _ = _feed(b"POST /echo HTTP/1.1\r\nHost: relay\r\nContent-Length: 10\r\n\r\n{}")
-    assert reader.end().status == HTTPStatus.BAD_REQUEST
+    assert reader.end().body == b"invalid: request body cut short\n"
 
 
 def test_every_answer_carries_the_cors_headers_of_the_table():
     """One CORS policy: any origin and header (Authorization named: `*` does not cover it), and every method
-    the table routes (GET, POST here)."""
+    the table routes (GET, POST here); and `Connection: close`, as the connection ends after one answer."""
     response = _routes().response(HttpResponse(HTTPStatus.OK, b"{}", "application/json"))
     assert response.status_code == 200 and response.body == b"{}"
     assert list(response.headers.raw_items()) == [
         ("Content-Type", "application/json"), ("Content-Length", "2"), ("Access-Control-Allow-Origin", "*"),
         ("Access-Control-Allow-Headers", "Authorization, Content-Type, *"),
-        ("Access-Control-Allow-Methods", "GET, POST")]
+        ("Access-Control-Allow-Methods", "GET, POST"), ("Connection", "close")]
 
 
 # --- through a real relay ---------------------------------------------------------------------------------
@@ -184,7 +232,7 @@ async def test_a_route_added_to_a_running_relay_takes_a_json_body(relay):
     assert (status, methods, json.loads(body)) == (200, "GET, POST", {"got": {"a": [1, 2]}})
     limit = relay.config.server.max_http_body_bytes
     status, _, body = await asyncio.to_thread(_post, relay.port, "/echo", b"[" + b"0," * limit + b"0]")
-    assert status == 413 and body == f"request body too large (max {limit} bytes)\n".encode()
+    assert status == 413 and body == f"invalid: request body too large (max {limit} bytes)\n".encode()
     client = await Client.connect(relay.url)
     assert await client.req("after", {"limit": 1}) == []
     await client.close()
@@ -272,3 +320,48 @@ async def test_a_real_client_reads_an_answer_to_any_method_and_head_like_get(rel
         assert got[0] == head[0] == 200 and head[2] == b""
         assert head[1]["Content-Type"] == got[1]["Content-Type"] and int(head[1]["Content-Length"]) > 0
     assert (await asyncio.to_thread(_http, relay.port, "HEAD", "/health"))[1]["Content-Length"] == "3"
+
+
+@pytest.mark.parametrize("request_bytes, status_line, body", [
+    (b"GET / HTTP/1.1\r\nHost: relay\r\nX-A: \x01\r\n\r\n", b"HTTP/1.1 400 Bad Request\r\n",
+     b"invalid: control character in header field x-a\n"),
+    (b"GET / HTTP/1.1\r\nHost: relay\r\nAccept: text/html\x7f\r\n\r\n", b"HTTP/1.1 400 Bad Request\r\n",
+     b"invalid: control character in header field accept\n"),
+    (b"GET / HTTP/1.1\r\nHost: relay\r\n\r\n", b"HTTP/1.1 426 Upgrade Required\r\n", UPGRADE_REQUIRED.body),
+    (b"GET / HTTP/1.1\r\nHost: relay\r\nContent-Length: 2000000\r\n\r\n" + b"x" * 2_000_000,
+     b"HTTP/1.1 413 Request Entity Too Large\r\n", None),
+], ids=["ctl", "del", "plain-get", "large-body"])
+async def test_a_relay_answers_what_websockets_refused_with_its_own_words(relay, request_bytes, status_line, body):
+    """Over a raw socket: a control character in a header (curl read "Empty reply from server"), a plain GET
+    of / (websockets' 426 text without CORS), a 2 MB body on / (426): the relay's answer, CORS headers and
+    `Connection: close` included."""
+    answer = await _raw(relay.port, request_bytes)
+    head, _, got = answer.partition(b"\r\n\r\n")
+    assert answer.startswith(status_line)
+    assert b"\r\nAccess-Control-Allow-Origin: *\r\n" in head and b"\r\nConnection: close\r\n" in head
+    if body is not None:
+        assert got == body
+    if b" 426 " in status_line:
+        assert b"\r\nUpgrade: websocket\r\n" in head
+
+
+async def test_a_keep_alive_client_is_told_to_reconnect_and_a_pipelined_request_is_not_read(relay):
+    """Each answer says `Connection: close`: http.client, reusing its connection, opens a new one for each
+    request and reads every answer (the second was dropped unanswered); of two pipelined requests, the first
+    is answered with `Connection: close`, then the connection ends."""
+    def reuse() -> list[tuple[int, str | None, bytes]]:
+        connection = http.client.HTTPConnection("127.0.0.1", relay.port, timeout=5)
+        try:
+            answers = []
+            for _ in range(3):
+                connection.request("GET", "/health")
+                response = connection.getresponse()
+                answers.append((response.status, response.headers["Connection"], response.read()))
+            return answers
+        finally:
+            connection.close()
+
+    assert await asyncio.to_thread(reuse) == [(200, "close", b"ok\n")] * 3
+    one = b"GET /health HTTP/1.1\r\nHost: relay\r\n\r\n"
+    answer = await _raw(relay.port, one + one)
+    assert answer.count(b"HTTP/1.1 ") == 1 and b"\r\nConnection: close\r\n" in answer and answer.endswith(b"ok\n")

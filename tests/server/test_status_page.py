@@ -98,7 +98,7 @@ async def test_a_browser_gets_a_page_of_the_relay_without_anything_private(tmp_p
 
 async def test_clients_still_get_nip11_and_the_page_can_be_turned_off(tmp_path):
     """Accept naming both NIP-11 and HTML gets NIP-11 (clients first); `status_page = false`: a browser gets
-    websockets' 426 as before."""
+    the relay's 426 as before."""
     relay = Relay(make_config(tmp_path, http={"status_page": False}))
     await relay.start()
     try:

@@ -2,11 +2,12 @@
 
 websockets reads the opening request itself, and refuses one with a body
 before its `process_request` hook runs.  Here its server connection is given
-the request only when no route answers it (a WebSocket upgrade above all),
-byte for byte as received (relay/server/wire/http.py decides).  A route's
-answer is serialized by websockets (as its own answers are) and ends the
-same way: EOF after the response, then the client's close awaited (at most
-websockets' close timeout), all within its `open_timeout`.
+the request only when it is a WebSocket upgrade no route answers and its
+parser reads, byte for byte as received (relay/server/wire/http.py decides).
+A route's answer or a refusal is serialized by websockets (as its own
+answers are, `Connection: close` included) and ends the same way: EOF after
+the response, then the client's close awaited (at most websockets' close
+timeout), all within its `open_timeout`.
 """
 
 from __future__ import annotations

@@ -17,14 +17,24 @@ once, as soon as it can:
 * a path that is not one of the relay's endpoints (`[server] paths`): 404
   (NIP-01: a relay accepts connections on a single endpoint when extra path
   segments do not change its behaviour);
-* a GET of an endpoint without a body, a WebSocket upgrade above all:
-  `HANDOFF`, and the bytes received so far (`RequestReader.received`) go to
-  websockets unchanged, which upgrades, or answers 426 to a plain GET;
-* a HEAD, or a GET with a body (websockets answers neither), of an endpoint:
-  426 here, as websockets answers a plain GET (400 to an upgrade with a body).
+* a GET of an endpoint with an `Upgrade` header and no body that websockets'
+  own parser reads: `HANDOFF`, and the bytes received so far
+  (`RequestReader.received`) go to websockets unchanged, which upgrades (or
+  refuses a bad upgrade with its own 400);
+* any other GET or HEAD of an endpoint: the relay's 426 (`UPGRADE_REQUIRED`),
+  400 to an upgrade with a body or one websockets' parser refuses (a bare LF,
+  a folded line).
 
-Every request is answered: websockets sends nothing at all to a request it
-cannot parse (a body, a method other than GET), so none reaches it.
+Before any of these, a request is refused 400 when a header field value holds
+a control character other than HTAB (RFC 9110 5.5), and 413 when its
+Content-Length is past `max_body_bytes`, whatever its path.  Every request is
+answered: websockets sends nothing at all to a request it cannot parse, so
+none reaches it.  Every answer says `Connection: close`: the connection ends
+after it, and a request sent behind the first one is not read.
+
+Plain-text refusals begin with a machine-readable prefix, as the relay's
+NIP-01 messages do: "invalid: " (400, 413, 414, 431), "not found: " (404),
+"method not allowed: " (405), "upgrade required: " (426).
 
 A route matches a method and a path (`route_path`: the request target
 without its query string, the one accepted-paths check), and optionally a
@@ -45,7 +55,8 @@ from urllib.parse import urlsplit
 
 import h11
 from websockets.datastructures import Headers
-from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS, Response
+from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS, Request, Response
+from websockets.streams import StreamReader
 
 MAX_HEADER_BYTES = 65_536
 """Bytes of an unfinished request line and header fields held at most: past them, 431."""
@@ -201,10 +212,12 @@ class Routes:
                 ("Access-Control-Allow-Methods", methods)]
 
     def response(self, answer: HttpResponse, head: bool = False) -> Response:
-        """`answer` as websockets' `Response`, with its length and the CORS headers; to a HEAD request
-        (`head`), without its body but with the length it has (RFC 9110 9.3.2)."""
+        """`answer` as websockets' `Response`, with its length, the CORS headers and `Connection: close`; to a
+        HEAD request (`head`), without its body but with the length it has (RFC 9110 9.3.2)."""
+        # Connection: close, as the connection ends after one answer: a keep-alive client opens a new one
+        # rather than send its next request where nothing reads it (RFC 9112 9.6).
         headers = Headers([("Content-Type", answer.content_type), ("Content-Length", str(len(answer.body))),
-                           *(answer.cors or self.cors_headers()), *answer.headers])
+                           *(answer.cors or self.cors_headers()), *answer.headers, ("Connection", "close")])
         return Response(answer.status.value, answer.status.phrase, headers, b"" if head else answer.body)
 
 
@@ -217,8 +230,8 @@ class Answer:
 
 
 HANDOFF = object()
-"""The request is websockets' (a GET of an endpoint no route answers, an upgrade above all): give it
-`RequestReader.received`."""
+"""The request is websockets' (a bodiless GET of an endpoint with an `Upgrade` header, that no route
+answers): give it `RequestReader.received`."""
 
 Decision = Answer | HttpResponse | object
 """`Answer`, an `HttpResponse` refusing the request, or `HANDOFF`."""
@@ -228,10 +241,32 @@ def _plain(status: HTTPStatus, reason: str, headers: tuple[tuple[str, str], ...]
     return HttpResponse(status, f"{reason}\n".encode(), "text/plain", headers=headers)
 
 
+def _invalid(status: HTTPStatus, reason: str) -> HttpResponse:
+    """A refusal of a malformed or oversized request: `status` (400, 413, 414 or 431), "invalid: `reason`"."""
+    return _plain(status, f"invalid: {reason}")
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # CTL but HTAB: not in an RFC 9110 field-value (5.5)
+
+
+def _websockets_refuses(received: bytes) -> bool:
+    """Whether websockets' own parser refuses the request whose header block `received` begins with (it
+    would close the connection without a word): a bare LF, a folded line, ... that h11 reads."""
+    stream = StreamReader()
+    stream.feed_data(received)
+    stream.feed_eof()
+    try:
+        for _ in Request.parse(stream.read_line):  # (never waits: EOF follows the bytes)
+            pass
+    except Exception:  # its refusals: ValueError, SecurityError, EOFError, NotImplementedError
+        return True
+    return False
+
+
 UPGRADE_REQUIRED = _plain(HTTPStatus.UPGRADE_REQUIRED, "upgrade required: this is a WebSocket endpoint "
                           "(a Nostr relay); NIP-11 needs Accept: application/nostr+json",
                           (("Upgrade", "websocket"),))
-"""The answer to a HEAD, or a GET with a body, of an endpoint (websockets' own answers a plain GET)."""
+"""The answer to a GET or HEAD of an endpoint that is no WebSocket upgrade (nor a route's)."""
 
 
 class RequestReader:
@@ -261,7 +296,7 @@ class RequestReader:
         (it ends it as it always did); a 400 when a route's body is cut short."""
         if self.received is not None:
             return HANDOFF
-        return _plain(HTTPStatus.BAD_REQUEST, "request body cut short")
+        return _invalid(HTTPStatus.BAD_REQUEST, "request body cut short")
 
     def feed(self, data: bytes) -> Decision | None:
         """Take the next bytes received; the decision once there is one (then feed no more), else None."""
@@ -272,7 +307,7 @@ class RequestReader:
             return self._next()
         except h11.RemoteProtocolError as exc:  # (its message may quote the request: not echoed)
             status = HTTPStatus(exc.error_status_hint)
-            return _plain(status, status.phrase)
+            return _invalid(status, status.phrase.lower())
 
     def _next(self) -> Decision | None:
         while (event := self._h11.next_event()) not in (h11.NEED_DATA, h11.PAUSED):
@@ -295,26 +330,29 @@ class RequestReader:
         method, target = event.method.decode("ascii"), event.target.decode("ascii")
         # websockets' own bounds, as for a request handed to it: h11's only bound is the whole header block.
         if len(method) + len(target) + len(" HTTP/1.1") > MAX_LINE_LENGTH:
-            return _plain(HTTPStatus.REQUEST_URI_TOO_LONG, HTTPStatus.REQUEST_URI_TOO_LONG.phrase)
+            return _invalid(HTTPStatus.REQUEST_URI_TOO_LONG, f"request line too long (max {MAX_LINE_LENGTH} bytes)")
         if len(headers) > MAX_NUM_HEADERS or any(len(n) + len(v) + 2 > MAX_LINE_LENGTH for n, v in headers):
-            status = HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE
-            return _plain(status, status.phrase)
-        request = HttpRequest(method, route_path(target), target, headers)
+            return _invalid(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
+                            f"header fields too large (max {MAX_NUM_HEADERS} fields of {MAX_LINE_LENGTH} bytes)")
         self.head = method == "HEAD"
+        # h11 checks names (tokens) but lets control characters through in values; websockets does not.
+        if (bad := next((name for name, value in headers if _CONTROL.search(value)), None)) is not None:
+            return _invalid(HTTPStatus.BAD_REQUEST, f"control character in header field {bad:.40}")
+        request = HttpRequest(method, route_path(target), target, headers)
+        length = request.header("content-length")
+        if length.isdigit() and int(length) > self._max_body_bytes:  # (h11 has checked its syntax)
+            return self._too_large()
         route = self._routes.find(request)
         if route is None:
             return self._unrouted(request)
         self.received = None  # a route's: never handed to websockets
         self._answer = Answer(route, request)
-        length = request.header("content-length")
-        if length.isdigit() and int(length) > self._max_body_bytes:  # (h11 has checked its syntax)
-            return self._too_large()
         return None
 
     def _unrouted(self, request: HttpRequest) -> Decision:
         """A CORS preflight's answer; 405 to a method the path does not answer; 404 off the relay's
-        endpoints and routes; 426 (400 to an upgrade) to a HEAD or a GET with a body; else websockets'
-        request, which websockets could not answer were it anything but a GET without a body."""
+        endpoints and routes; websockets' request when it is a GET with an `Upgrade` and no body that its
+        parser reads; else 426 to a GET or HEAD, 400 to an upgrade with a body or one websockets refuses."""
         if (preflight := self._routes.preflight(request)) is not None:
             return preflight
         allowed = self._routes.allowed(request.path)
@@ -328,12 +366,14 @@ class RequestReader:
         # (websockets takes Content-Length fields of 0 as no body, as some devices send them)
         has_body = any(name == "transfer-encoding" or (name == "content-length" and value != "0")
                        for name, value in request.headers)
-        if request.method == "GET" and not has_body:
-            return HANDOFF
-        if request.method == "GET" and request.header("upgrade"):
-            return _plain(HTTPStatus.BAD_REQUEST, "bad request: a WebSocket opening request has no body")
-        return UPGRADE_REQUIRED  # a HEAD, or a GET with a body, of an endpoint
+        if request.method != "GET" or not request.header("upgrade"):
+            return UPGRADE_REQUIRED  # a HEAD, or a GET that asks for no WebSocket, of an endpoint
+        if has_body:
+            return _invalid(HTTPStatus.BAD_REQUEST, "a WebSocket opening request has no body")
+        if _websockets_refuses(bytes(self.received)):
+            return _invalid(HTTPStatus.BAD_REQUEST, "malformed WebSocket opening request")
+        return HANDOFF
 
     def _too_large(self) -> HttpResponse:
-        return _plain(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                      f"request body too large (max {self._max_body_bytes} bytes)")
+        return _invalid(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                        f"request body too large (max {self._max_body_bytes} bytes)")
