@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -24,14 +25,16 @@ SCHEME = "Nostr"
 
 
 def check_http_auth(authorization: str, url: str, method: str, body: bytes, now: float, max_age_seconds: int,
-                    limits: EventLimits) -> Event:
+                    limits: EventLimits, query: str = "") -> Event:
     """The validated kind-27235 event of an `Authorization: Nostr <base64 event>` header (NIP-98).
 
     `url` is this relay's URL: the `u` tag must name it, in either scheme
     (ws(s):// as NIP-86 says, http(s):// as NIP-98 says; see `relay_url_key`);
     `method` the request's; `body` the request's bytes, whose SHA-256 the
     `payload` tag must give; `created_at` within `max_age_seconds` of `now`
-    (unix seconds).
+    (unix seconds); `query` the request target's query string, which the `u`
+    tag must carry exactly (NIP-98: "absolute URL including query
+    parameters"), with no user name and no fragment.
 
     Raises:
         Rejection: "auth-required:" without a Nostr authorization, "invalid:"
@@ -50,8 +53,8 @@ def check_http_auth(authorization: str, url: str, method: str, body: bytes, now:
     if abs(event.created_at - now) > max_age_seconds:
         raise invalid(f"NIP-98: the auth event's created_at is more than {max_age_seconds} seconds from now")
     named = event.tag_values("u")[:1]
-    if not named or relay_url_key(named[0]) is None or relay_url_key(named[0]) != relay_url_key(url):
-        raise invalid(f"NIP-98: the u tag does not name this relay ({url})")
+    if not named or not _names(named[0], url, query):
+        raise invalid(f"NIP-98: the u tag does not name this request ({url}{'?' + query if query else ''})")
     if [m.upper() for m in event.tag_values("method")[:1]] != [method.upper()]:
         raise invalid(f"NIP-98: the method tag does not name {method.upper()}")
     if event.tag_values("payload")[:1] != [hashlib.sha256(body).hexdigest()]:
@@ -59,3 +62,12 @@ def check_http_auth(authorization: str, url: str, method: str, body: bytes, now:
     if not verify_signature(event):
         raise invalid("bad signature")
     return event
+
+
+def _names(u: str, url: str, query: str) -> bool:
+    """True when the `u` tag `u` names the relay at `url` (see `relay_url_key`) and the request's `query`."""
+    key = relay_url_key(u)
+    if key is None or key != relay_url_key(url):
+        return False
+    parts = urlsplit(u.strip())
+    return "@" not in parts.netloc and not parts.fragment and parts.query == query

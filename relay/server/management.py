@@ -258,7 +258,7 @@ class ManagementApi:
         every method); the event's id is then used up."""
         now = time.time()
         event = check_http_auth(request.header("authorization"), self.url, request.method, request.body, now,
-                                self.max_age_seconds, self.limits)
+                                self.max_age_seconds, self.limits, request.query)
         allowed = None if event.pubkey in self.admins else await roles.permitted(self.moderation, event.pubkey)
         if allowed is not None and not allowed:
             raise Rejection("restricted", "this pubkey is not an admin of this relay and was granted no method")

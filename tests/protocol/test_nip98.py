@@ -34,6 +34,24 @@ def test_a_valid_auth_event_names_its_signer(alice):
     assert check(header(alice), url="https://relay.example", method="post").pubkey == alice.pubkey
 
 
+@pytest.mark.parametrize("u", ["wss://evil@relay.example/", "wss://relay.example/?a=1", "wss://relay.example/#x"])
+def test_a_u_tag_with_a_user_name_query_or_fragment_the_request_lacks_is_refused(alice, u):
+    """NIP-98's u is the request's absolute URL, query included: a user name, a query the request does not
+    carry or a fragment names another request."""
+    authorization = header(alice, [["u", u], ["method", "POST"], ["payload", hashlib.sha256(BODY).hexdigest()]])
+    with pytest.raises(Rejection) as refused:
+        check(authorization)
+    assert str(refused.value).startswith("invalid: NIP-98: the u tag does not name this request")
+
+
+def test_a_u_tag_carries_the_requests_query(alice):
+    """A request to URL?a=1 is authorized by a u tag naming URL?a=1, and only by it."""
+    tags = [["u", URL + "?a=1"], ["method", "POST"], ["payload", hashlib.sha256(BODY).hexdigest()]]
+    assert check_http_auth(header(alice, tags), URL, "POST", BODY, NOW, 60, EventLimits(), "a=1").pubkey == alice.pubkey
+    with pytest.raises(Rejection):
+        check_http_auth(header(alice, tags), URL, "POST", BODY, NOW, 60, EventLimits(), "a=2")
+
+
 @pytest.mark.parametrize("make, says", [
     (lambda k: "", "auth-required: "),
     (lambda k: "Bearer abc", "auth-required: "),

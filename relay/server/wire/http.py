@@ -84,6 +84,11 @@ class HttpRequest:
         """The values of the header fields called `name` (lowercase), joined with ", " ("" when absent)."""
         return ", ".join(value for key, value in self.headers if key == name)
 
+    @property
+    def query(self) -> str:
+        """The target's query string, without its "?" ("" when none)."""
+        return self.target.partition("?")[2].partition("#")[0]
+
 
 @dataclass(frozen=True, slots=True)
 class HttpResponse:
