@@ -19,6 +19,7 @@ Pure: no I/O.  Source: NIP-50.
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 
 from relay.protocol.rejection import invalid
@@ -99,12 +100,20 @@ def _split(text: str):
             yield text[start:i], False
 
 
+def _searchable(piece: str) -> bool:
+    """True when `piece` holds a token character of FTS5's unicode61 tokenizer (its default categories
+    L*, N* and Co); anything else (`(`, `'`, an emoji) is all separators and could never match."""
+    return any(unicodedata.category(c)[0] in "LN" or unicodedata.category(c) == "Co" for c in piece)
+
+
 def parse_search(value: object, max_bytes: int) -> SearchQuery:
     """Parse the `search` value of a filter (NIP-50): words, `"phrases"`, `prefix*`, `key:value` extensions.
 
     `max_bytes` bounds the UTF-8 length of the text.  A query is empty when
     no word or phrase and no `domain:` remains once extensions are taken out
-    (an extension with an empty value, `domain:`, is taken out and ignored).
+    (an extension with an empty value, `domain:`, is taken out and ignored)
+    and words with no letter or digit (`(`, an emoji: separators to FTS5) are
+    dropped.
 
     Raises:
         Rejection: "invalid:" when `value` is not a string, is empty, is over
@@ -125,13 +134,14 @@ def parse_search(value: object, max_bytes: int) -> SearchQuery:
             if not rest:
                 continue  # no value: nothing to apply, and not the word "domain" either
             if key.lower() == "domain":
-                domains[rest.lower()] = None
+                if _searchable(rest):  # `domain:*` names no domain
+                    domains[rest.lower()] = None
             else:
                 ignored.append((key.lower(), rest))
             continue
         prefix = not quoted and piece.endswith("*")
         piece = piece.rstrip("*") if prefix else piece
-        if piece.strip():
+        if _searchable(piece):
             terms.append(Term(piece, prefix))
     if not terms and not domains:
         raise invalid("search is empty (no words)")

@@ -67,6 +67,15 @@ def test_domain_is_one_token_of_letters_and_digits():
     assert parse_search("domain:example.com", 100).match_expression() == f'domain : ("{token}")'
 
 
+def test_words_without_a_letter_or_digit_are_dropped():
+    """`(`, `'`, `%` or an emoji tokenize to nothing in FTS5 (unicode61 keeps L*, N*, Co): they are no words, so
+    alone they make an empty query, and beside a word they change nothing."""
+    assert parse_search("bitcoin \U0001f600 ( '", 100).terms == (Term("bitcoin"),)
+    for text in ("(", "\U0001f600", "' % _ \\", '"( )"', "domain:*"):
+        with pytest.raises(Rejection):
+            parse_search(text, 100)
+
+
 @pytest.mark.parametrize("value", ["", "   ", "language:en", "***", 5, None, ["x"], "x" * 101, "é" * 51, "\ud800"])
 def test_empty_long_or_non_text_search_is_invalid(value):
     """An empty query (no words once extensions are out), one over max_bytes (UTF-8), a non-string or a lone
