@@ -270,7 +270,6 @@ async def run(config: Config) -> int:
     """
     try:
         check_location(Path(config.store.path))  # before the lock file beside it: one line, not an OSError
-        Path(config.store.path).parent.mkdir(parents=True, exist_ok=True)
         locks = _hold_locks(config)
     except DatabaseUnusable as exc:  # a bad path or file mode: as a bad config, before listening
         log.error("database_unusable", path=exc.path, error=exc.reason)

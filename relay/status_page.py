@@ -83,7 +83,7 @@ class StatusPage:
             refusals = recent_refusals(conn, None, SHOWN_REFUSALS)
         finally:
             conn.close()
-        info = orjson.loads(nip11.document(self.config, overrides))
+        info = orjson.loads(nip11.document(self.config, overrides, self.moderation.kinds))
         return render(info, status, refusals, time.monotonic() - self.started, time.time())
 
 

@@ -21,6 +21,7 @@ the same steps and awaits its outcomes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -195,7 +196,7 @@ class Ingest:
         else:
             outcome = Outcome.parse(False, verdict.message if verdict.action == "reject" else SHADOW_ELSEWHERE)
             if source.origin and outcome.prefix != "error":
-                outcome = Outcome(False, outcome.prefix, outcome.reason, settles=True)
+                outcome = dataclasses.replace(outcome, settles=True)
                 self._record_refused(event, source.origin)
             done(outcome)
 

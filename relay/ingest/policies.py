@@ -123,17 +123,10 @@ class Policies:
     async def _judge_rest(self, event: Event, source: Source, chain: tuple[Policy, ...], i: int,
                           pending: Awaitable[Verdict], done: Judged) -> None:
         verdict = await self._wait(chain[i], pending, event)
-        for policy in chain[i + 1:]:
-            if verdict.action != "accept":
-                break
-            started = time.perf_counter()
-            try:
-                answer = policy.check(event, source)
-                verdict = (await self._wait(policy, answer, event) if inspect.isawaitable(answer)
-                           else self._checked(policy, answer, time.perf_counter() - started, event))
-            except Exception as exc:
-                verdict = self._failed(policy, exc, event)
-        done(verdict)
+        if verdict.action != "accept":
+            done(verdict)
+        else:  # the rest of the chain, as `judge` runs any chain
+            self.judge(event, source, chain[i + 1:], done)
 
     async def _wait(self, policy: Policy, pending: Awaitable[Verdict], event: Event) -> Verdict:
         try:

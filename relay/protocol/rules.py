@@ -8,9 +8,9 @@ event's source's to say (`relay.ingest.Source`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Set
+from dataclasses import dataclass
 
 import orjson
-from dataclasses import dataclass
 
 from relay.protocol.auth import AUTH_KIND
 from relay.protocol.event import Event

@@ -103,7 +103,7 @@ def _split(text: str):
 def _searchable(piece: str) -> bool:
     """True when `piece` holds a token character of FTS5's unicode61 tokenizer (its default categories
     L*, N* and Co); anything else (`(`, `'`, an emoji) is all separators and could never match."""
-    return any(unicodedata.category(c)[0] in "LN" or unicodedata.category(c) == "Co" for c in piece)
+    return any((category := unicodedata.category(c))[0] in "LN" or category == "Co" for c in piece)
 
 
 def parse_search(value: object, max_bytes: int) -> SearchQuery:

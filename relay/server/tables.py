@@ -13,7 +13,7 @@ Every refusal is JSON, `{"error": "<NIP-01 prefix>: ...", "parameter": NAME}` (n
 from __future__ import annotations
 
 from http import HTTPStatus
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl
 
 import orjson
 
@@ -67,7 +67,7 @@ class TablesApi:
     def _parameters(self, request: HttpRequest) -> tuple[dict[str, str], str | None, int, str | None]:
         where: dict[str, str] = {}
         special: dict[str, str] = {}
-        for name, value in parse_qsl(urlsplit(request.target).query, keep_blank_values=True):
+        for name, value in parse_qsl(request.query, keep_blank_values=True):
             into = special if name in _RESERVED else where
             if name in into:
                 raise RecordQueryError(name, "given twice")

@@ -352,12 +352,16 @@ class PeerSync:
             feed.StaleCursor: the feed no longer keeps what follows `cursor` (pushing fell that far behind).
             PeerError: the peer failed to answer.
         """
+        unsaved = False  # the cursor moved past changes with nothing to push: saved once, at the end
         while changes := await self.scheduler.store.changes(cursor, self.config.push_in_flight):
             events = [(c.id, c.raw) for c in changes if c.raw is not None and c.origin != self.url
                       and (not self.filter_obj or self.filter.matches(stored_event(c.raw)))]
+            cursor = changes[-1].cursor
+            unsaved = not events
             if events:
                 await conn.publish_many(events, self._on_push_answer)
-            cursor = changes[-1].cursor
+                await self.scheduler.states.set_push_cursor(self.url, cursor)
+        if unsaved:
             await self.scheduler.states.set_push_cursor(self.url, cursor)
         return cursor
 

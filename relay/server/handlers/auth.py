@@ -29,13 +29,11 @@ async def handle_auth(ctx: Context, envelope: AuthEnvelope) -> None:
     except Rejection as rejection:
         await ctx.send(ok(ref, False, str(rejection)))
         return
-    if ctx.access.origin:  # a configured peer: sync traffic is not rate limited
+    # a configured peer (sync traffic), or [rate_limits] trusted_pubkeys / NIP-86 trustpubkey: not rate limited
+    if ctx.access.origin or (ctx.rate is not None and ctx.services.trusted(pubkey)):
         ctx.services.rate_limits.close(ctx.rate)
         ctx.rate = None
-        ctx.source = Source.client(peer=ctx.access.origin, ip=ctx.source.ip, pubkeys=ctx.access.pubkeys)
-    elif ctx.rate is not None and ctx.services.trusted(pubkey):  # [rate_limits] trusted_pubkeys, NIP-86 trustpubkey
-        ctx.services.rate_limits.close(ctx.rate)
-        ctx.rate = None
-        ctx.source = Source.client(ctx.source.may_publish, ip=ctx.source.ip, pubkeys=ctx.access.pubkeys)
+        ctx.source = Source.client(ctx.source.may_publish, peer=ctx.access.origin, ip=ctx.source.ip,
+                                   pubkeys=ctx.access.pubkeys)
     log.info("authenticated", pubkey=pubkey, peer=ctx.access.origin or None)
     await ctx.send(encode_ok(ref, True, ""))
