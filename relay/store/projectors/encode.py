@@ -130,8 +130,9 @@ def _tags(spec: ProjectorSpec, rows: list[Mapping[str, object]], first: Mapping[
 
 def _tag(name: str, fields: list[FieldSpec], row: Mapping[str, object], required: bool) -> list[str] | None:
     """The tag `[name, value1, ...]` holding `row`'s values of `fields` at their positions; None when it holds none
-    and is not `required`."""
+    but defaults (absent, the projection takes them) and is not `required`."""
     at: dict[int, str] = {}
+    needed = []  # positions whose value only a present item gives (not NULL, not the default)
     for f in fields:
         position, value = parse_source(f.source).position, row.get(f.name)
         if value is None:
@@ -140,9 +141,11 @@ def _tag(name: str, fields: list[FieldSpec], row: Mapping[str, object], required
         if position == 0 and text != name:
             raise RowRefused(f.name, f"position 0 of a {name!r} tag is always {name!r}")
         at[position] = text
-    if not at and not required:
+        if value != f.default:
+            needed.append(position)
+    if not needed and not required:
         return None
-    length = max([1, *at]) + 1
+    length = max([1, *needed]) + 1
     for f in fields:
         position = parse_source(f.source).position
         if row.get(f.name) is None and 0 < position < length:
