@@ -22,7 +22,6 @@ from relay.ingest.records import RecordApi, Written
 from relay.keys import NodeKeyError, load_or_create
 from relay.node import open_store
 from relay.protocol.rejection import Rejection
-from relay.store.projectors.encode import RowRefused
 from relay.store.records import RecordQueryError
 
 NOT_AVAILABLE = 3
@@ -68,7 +67,7 @@ async def run_record(config: Config, action: str, table: str, data: object, key_
                 written = await records.put_record(table, data, key, created_at, wait=wait)
             else:
                 written = await records.delete_record(table, key, pk=data, reason=reason)
-        except (RecordQueryError, RowRefused) as exc:
+        except RecordQueryError as exc:  # (RowRefused too)
             print(f"relay record: {exc}", file=sys.stderr)
             return 2
         except (Rejection, NodeKeyError) as exc:  # rate-limited with --no-wait; the node key unreadable

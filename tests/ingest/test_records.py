@@ -28,18 +28,9 @@ from tests.store.projectors.common import dumps, open_store
 LIMITS = EventLimits(max_created_at_future_seconds=10**10)
 
 
-@pytest.fixture
-async def node(tmp_path):
-    """A started in-process relay (its records: `node.node.records`)."""
-    relay = Relay(make_config(tmp_path))
-    await relay.start()
-    yield relay
-    await relay.stop()
-
-
-async def test_put_get_query_and_delete_a_row(node):
+async def test_put_get_query_and_delete_a_row(relay):
     """A put row is read back by key and by query; the event is signed by the node key; a delete removes it."""
-    records = node.node.records
+    records = relay.node.records
     written = await records.put_record("profiles", {"name": "alice", "about": "hi"})
     assert written.outcome == ACCEPTED and written.event["pubkey"] == records.node_key.pubkey
     pk = {"pubkey": records.node_key.pubkey}
@@ -52,13 +43,13 @@ async def test_put_get_query_and_delete_a_row(node):
     assert await records.get_record("profiles", pk) is None
 
 
-async def test_a_put_reaches_live_subscribers_like_any_event(node):
+async def test_a_put_reaches_live_subscribers_like_any_event(relay):
     """The event goes through ingest and the writer, so a REQ open on the relay receives it live."""
-    async with websockets.connect(node.url) as ws:
+    async with websockets.connect(relay.url) as ws:
         await ws.send(json.dumps(["REQ", "s", {"kinds": [0]}]))
         while json.loads(await asyncio.wait_for(ws.recv(), 10))[0] != "EOSE":  # (a NIP-42 AUTH challenge first)
             pass
-        written = await node.node.records.put_record("profiles", {"name": "live"})
+        written = await relay.node.records.put_record("profiles", {"name": "live"})
         message = json.loads(await asyncio.wait_for(ws.recv(), 10))
     assert message == ["EVENT", "s", written.event]
 
@@ -83,10 +74,10 @@ async def test_a_given_key_signs_and_a_regular_kind_only_inserts(tmp_path):
         await relay.stop()
 
 
-async def test_two_puts_within_one_second_are_ordered_and_the_second_wins_everywhere(node, tmp_path):
+async def test_two_puts_within_one_second_are_ordered_and_the_second_wins_everywhere(relay, tmp_path):
     """Two puts of one coordinate in the same second get created_at t and t+1; a store fed them in the opposite
     order ends with the same row (the second's)."""
-    records = node.node.records
+    records = relay.node.records
     first = await records.put_record("profiles", {"name": "one"})
     second = await records.put_record("profiles", {"name": "two"})
     assert second.event["created_at"] == first.event["created_at"] + 1
@@ -97,7 +88,7 @@ async def test_two_puts_within_one_second_are_ordered_and_the_second_wins_everyw
         assert answers[1] == (False, NEWER_VERSION.message)
     finally:
         await peer.close()
-    here = dumps(node.config.store.path, BUILTIN_PROJECTORS)
+    here = dumps(relay.config.store.path, BUILTIN_PROJECTORS)
     assert dumps(tmp_path / "peer.db", BUILTIN_PROJECTORS)["profiles"] == here["profiles"]
 
 
@@ -106,10 +97,10 @@ async def test_two_puts_within_one_second_are_ordered_and_the_second_wins_everyw
     ("articles", {"d": "post", "title": "back"}, {"d": "post"}),
     ("follows", [{"followed": "aa" * 32}], {}),
 ])
-async def test_a_put_after_a_delete_re_creates_the_row(node, table, row, pk):
+async def test_a_put_after_a_delete_re_creates_the_row(relay, table, row, pk):
     """Put, delete (an `a` tag), put again in the same second: the deletion is newer than the first version and
     the second put newer than the deletion, so the row is back."""
-    records = node.node.records
+    records = relay.node.records
     pk = {"pubkey": records.node_key.pubkey, **pk}
     put = await records.put_record(table, row)
     deletion = await records.delete_record(table, pk=pk)
@@ -119,14 +110,14 @@ async def test_a_put_after_a_delete_re_creates_the_row(node, table, row, pk):
     assert (await records.query_records(table, pk)).rows[0]["_event_id"] == again.event["id"]
 
 
-async def test_a_put_is_newer_than_a_deletion_signed_elsewhere(node):
+async def test_a_put_is_newer_than_a_deletion_signed_elsewhere(relay):
     """A kind-5 `a` deletion of the coordinate with a later created_at (another client of the same key): the
     next put is newer still, so it is stored and not deleted."""
-    records = node.node.records
+    records = relay.node.records
     key = records.node_key
     ahead = int(time.time()) + 100
     deletion = key.sign_event(5, [["a", f"30023:{key.pubkey}:post"]], "", ahead)
-    [(outcome, _)] = await node.ingest.accept_many([deletion], RECORD)
+    [(outcome, _)] = await relay.ingest.accept_many([deletion], RECORD)
     assert outcome == ACCEPTED
     written = await records.put_record("articles", {"d": "post", "title": "t"})
     assert written.event["created_at"] == ahead + 1 and written.outcome == ACCEPTED
@@ -170,9 +161,9 @@ async def test_the_reservation_holds_across_restarts(tmp_path):
         await relay.stop()
 
 
-async def test_bad_tables_rows_and_keys_are_refused_by_name(node):
+async def test_bad_tables_rows_and_keys_are_refused_by_name(relay):
     """An unknown table, a row outside the projection's image and a delete of another signer's row."""
-    records = node.node.records
+    records = relay.node.records
     with pytest.raises(RecordQueryError) as unknown:
         await records.put_record("nope", {})
     assert unknown.value.parameter == "table"

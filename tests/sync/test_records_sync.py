@@ -4,41 +4,18 @@ end with the same events and the same projected rows, and `relay verify` is clea
 from __future__ import annotations
 
 import asyncio
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 from relay.keys import NodeKey
 from relay.store.projectors import BUILTIN_PROJECTORS
-from tests.conftest import make_config
 from tests.helpers import eventually
 from tests.inprocess import Relay
-from tests.served import free_port, relay_cli_async
-from tests.sync.conftest import remote_ids
+from tests.served import relay_cli_async
+from tests.sync.conftest import peered_pair, remote_ids
 from tests.sync.mesh import table_dumps
 
 TIMEOUT = 20.0
 TABLES = [s.table for s in BUILTIN_PROJECTORS]
-
-
-def _node(tmp_path, name: str, port: int, peer_port: int) -> Relay:
-    (tmp_path / name).mkdir(exist_ok=True)
-    return Relay(make_config(tmp_path / name, server={"port": port},
-                             sync={"peers": [{"url": f"ws://127.0.0.1:{peer_port}"}], "interval_seconds": 0.5,
-                                   "backoff_initial_seconds": 0.1, "backoff_max_seconds": 0.5}))
-
-
-@asynccontextmanager
-async def _pair(tmp_path):
-    """Nodes a and b, each with the other as its peer, started; both stopped at the end."""
-    pa, pb = free_port(), free_port()
-    nodes = [_node(tmp_path, "a", pa, pb), _node(tmp_path, "b", pb, pa)]
-    for node in nodes:
-        await node.start()
-    try:
-        yield nodes
-    finally:
-        for node in nodes:
-            await node.stop()
 
 
 async def _same_tables(a: Relay, b: Relay) -> bool:
@@ -52,7 +29,7 @@ async def test_records_written_on_both_nodes_converge(tmp_path):
     """Each node writes rows with its node key, both write one coordinate with a shared key at once, and one
     deletes and re-creates a row: both end with identical tables, and verify is clean."""
     shared = NodeKey(bytes(range(7, 39)))
-    async with _pair(tmp_path) as (a, b):
+    async with peered_pair(tmp_path) as (a, b):
         ra, rb = a.node.records, b.node.records
         assert ra.node_key.pubkey != rb.node_key.pubkey
         await ra.put_record("profiles", {"name": "node a"})

@@ -25,19 +25,15 @@ import orjson
 from relay.protocol.event import Event, is_addressable
 from relay.store.projectors.rows import Refusal, RowMaker
 from relay.store.projectors.spec import FieldSpec, ProjectorSpec, parse_source
+from relay.store.records import RecordQueryError
 
 _RESERVED_SOURCES = {"_event_id": "id", "_pubkey": "pubkey", "_created_at": "created_at"}
 _PLACEHOLDER_ID = "0" * 64  # the id is unknown before signing; no projected column compared depends on it
 _REFUSED_FIELD = re.compile(r"field '([^']+)'")
 
 
-class RowRefused(ValueError):
-    """A row no event projects to; `parameter` names the field at fault (or "row", "table")."""
-
-    def __init__(self, parameter: str, message: str) -> None:
-        super().__init__(f"{parameter}: {message}")
-        self.parameter = parameter
-        self.message = message
+class RowRefused(RecordQueryError):
+    """A row no event projects to; `parameter` names the field at fault (or "row")."""
 
 
 @dataclass(frozen=True, slots=True)
