@@ -207,13 +207,19 @@ def _check_projection(spec: ProjectorSpec, unsigned: Unsigned, rows: list[Mappin
         raise RowRefused(found.group(1) if found else "row", f"the event would not be projected: {refusal.reason}") \
             from None
     if len(got) != len(rows):
-        raise RowRefused(spec.row_per_tag or "row", f"the event would project to {len(got)} rows, not {len(rows)} "
-                                                    "(a repeated key value, or an extra tag)")
+        raise RowRefused(_row_tag_field(spec), f"the event would project to {len(got)} rows, not {len(rows)} "
+                                               "(a repeated key value, or an extra tag)")
     skip = _decided_columns(spec)
     for row, values in zip(rows, got):
         for column, value in zip(spec.stored_columns, values):
             if column not in skip and row.get(column) != value:
                 raise RowRefused(column, f"no event projects to {row.get(column)!r} here (it would read {value!r})")
+
+
+def _row_tag_field(spec: ProjectorSpec) -> str:
+    """The key field holding the row tag's value (`tag:X`, position 1), or "row" for a projector of one row per event."""
+    return next((f.name for f in spec.fields if _reads_row_tag(spec, f) and parse_source(f.source).position == 1),
+                "row")
 
 
 def _decided_columns(spec: ProjectorSpec) -> set[str]:
