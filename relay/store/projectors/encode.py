@@ -54,19 +54,23 @@ def encode(spec: ProjectorSpec, rows: Mapping[str, object] | Sequence[Mapping[st
     (possibly empty) for a `row_per_tag` projector.  A column left out counts as NULL.
 
     Raises:
-        RowRefused: naming the field (or "row") when no such event exists.
+        RowRefused: naming the field (or "row", or "extra_tags" for a tag that is not a list of strings) when no
+        such event exists.
     """
     listed = _rows_of(spec, rows)
     for row in listed:
         _check_columns(spec, row, pubkey, created_at)
     shared = [f for f in spec.fields if not _reads_row_tag(spec, f)]
     for f in shared:
-        values = {orjson.dumps(row.get(f.name)) for row in listed}
+        values = {repr(row.get(f.name)) for row in listed}
         if len(values) > 1:
             raise RowRefused(f.name, "differs between rows: one event holds them all")
     first = listed[0] if listed else {}
     tags = _tags(spec, listed, first)
-    tags += [list(t) for t in extra_tags]
+    for tag in extra_tags:
+        if isinstance(tag, str) or not all(type(item) is str for item in tag):
+            raise RowRefused("extra_tags", f"a tag is a list of strings, got {tag!r}")
+        tags.append(list(tag))
     unsigned = Unsigned(spec.kind, tags, _content(spec, first, bool(listed)))
     _check_projection(spec, unsigned, listed, pubkey, created_at)
     return unsigned

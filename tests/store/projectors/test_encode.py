@@ -207,3 +207,4 @@ def test_an_extra_tag_that_changes_the_projection_is_refused():
     """extra_tags are part of the event: one that adds a row or changes a value is refused."""
     assert _refused(FOLLOWS, [{"followed": "aa" * 32}], extra_tags=[["p", "bb" * 32]]).parameter == "followed"
     assert encode(ARTICLES, {"d": "a"}, PUBKEY, extra_tags=[["t", "news"]]).tags == [["d", "a"], ["t", "news"]]
+    assert _refused(ARTICLES, {"d": "a"}, extra_tags=[["t", 1]]).parameter == "extra_tags"
