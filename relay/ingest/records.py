@@ -184,6 +184,8 @@ def _target(spec: ProjectorSpec, pk: Row, pubkey: str) -> tuple[list[str], Coord
             raise RowRefused(column, f"missing: the event's key of {spec.table} is {', '.join(columns)}")
         values[column_identity(spec, column)] = pk[column]
     if "id" in values:
+        if not is_hex64(values["id"]):
+            raise RowRefused(columns[0], f"expected an event id (64 lowercase hex), got {values['id']!r}")
         return ["e", values["id"]], None
     if values["pubkey"] != pubkey:
         raise RowRefused(columns[0], "a deletion removes only its signer's events (NIP-09): sign with that key")
