@@ -1,5 +1,5 @@
 """The `relay` command line: serve, import, export, sync, status, changes, key, backup, verify, projectors, query,
-ban, unban, bans.
+ban, unban, bans, record.
 
 This module parses the arguments and dispatches; the bodies are in
 relay/commands/ (and `relay serve` is relay/node.py's `run`).
@@ -67,7 +67,41 @@ def _parser() -> argparse.ArgumentParser:
     backup.add_argument("path", type=Path, help="the copy's file name; must not exist")
     _projector_parsers(commands, common)
     _ban_parsers(commands, common)
+    _record_parsers(commands, common)
     return parser
+
+
+def _record_parsers(commands, common: argparse.ArgumentParser) -> None:
+    """`record put | delete | get` (body in relay/commands/records.py)."""
+    record = commands.add_parser("record", parents=[common], help="write, delete or read a row of a declared "
+                                 "projector (a row is signed into an event)")
+    actions = record.add_subparsers(dest="action", required=True)
+    put = actions.add_parser("put", parents=[common], help="sign the row into an event and store it")
+    put.add_argument("table", help="a declared projector's table, e.g. profiles")
+    put.add_argument("--row", type=_json_row, required=True, help="the row as a JSON object (a list of them for a "
+                     "table with one row per tag, e.g. follows: the whole set)")
+    put.add_argument("--key", type=Path, help="sign with the secret key in this file (default: the node key)")
+    put.add_argument("--created-at", type=_cursor, help="the event's created_at (default: reserved per coordinate)")
+    put.add_argument("--no-wait", dest="wait", action="store_false",
+                     help="exit 3 (rate-limited) instead of waiting when writes to one row come too fast")
+    delete = actions.add_parser("delete", parents=[common], help="delete the row's event (NIP-09)")
+    delete.add_argument("table", help="a declared projector's table")
+    delete.add_argument("--pk", type=_json_object, required=True, help="the event's key columns as a JSON object")
+    delete.add_argument("--key", type=Path, help="sign with the secret key in this file (default: the node key)")
+    delete.add_argument("--reason", default="", help="the deletion's content")
+    get = actions.add_parser("get", parents=[common], help="print the row whose key is --pk as JSON")
+    get.add_argument("table", help="a declared projector's table")
+    get.add_argument("--pk", type=_json_object, required=True, help="the key columns as a JSON object")
+
+
+def _json_row(text: str) -> dict | list:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if type(value) not in (dict, list):
+        raise argparse.ArgumentTypeError(f"expected a JSON object (or a list of them), got {text!r}")
+    return value
 
 
 def _ban_parsers(commands, common: argparse.ArgumentParser) -> None:
@@ -200,7 +234,7 @@ def _main(argv: list[str] | None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     try:
         config = _config(args)
-        if args.command in ("serve", "import", "sync"):  # commands that take events: their policies must load
+        if args.command in ("serve", "import", "sync", "record"):  # commands that take events: their policies must load
             from relay.ingest.policies import Policies
 
             Policies.load(config.policies).close()
@@ -247,6 +281,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _run_projector_command(config, args)
     if args.command in ("ban", "unban", "bans"):
         return asyncio.run(_run_ban_command(config, args))
+    if args.command == "record":
+        from relay.commands.records import run_record
+
+        data = args.row if args.action == "put" else args.pk
+        return asyncio.run(run_record(config, args.action, args.table, data, getattr(args, "key", None),
+                                      getattr(args, "created_at", None), getattr(args, "wait", True),
+                                      getattr(args, "reason", "")))
     from relay.commands.transfer import run_export
 
     return asyncio.run(run_export(config, args.filter, args.output))

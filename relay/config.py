@@ -515,7 +515,7 @@ class RetentionConfig:
 
 # --- [[policies]] (relay/ingest/policies.py, relay/policies/) ------------------------------------------------
 
-POLICY_SOURCES = ("client", "peer", "import")
+POLICY_SOURCES = ("client", "peer", "import", "record")
 
 
 @dataclass(frozen=True)

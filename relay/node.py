@@ -35,6 +35,7 @@ from relay.config import Config, ConfigError
 from relay.hooks import hooks
 from relay.ingest import Ingest
 from relay.ingest.moderation import Moderation
+from relay.ingest.records import RecordApi
 from relay.keys import NodeKeyError
 from relay.locks import PORT_ADVICE, InstanceLock, LockHeld, database_lock, port_lock
 from relay.metrics import CONTENT_TYPE, Metrics
@@ -45,7 +46,6 @@ from relay.server.wire.http import HttpRequest, HttpResponse
 from relay.status_page import StatusPage
 from relay.store.location import DatabaseUnusable, check_location
 from relay.store.projectors.engine import ProjectorHook
-from relay.store.records import Records
 from relay.store.store import Store
 from relay.store.writes import Changes
 from relay.sync.scheduler import Scheduler, node_key, start_sync
@@ -81,7 +81,7 @@ class Node:
         self.config = config
         self.metrics = Metrics()
         self.store: Store | None = None
-        self.records: Records | None = None  # the Python API of records (relay/store/records.py), once started
+        self.records: RecordApi | None = None  # the Python API of records (relay/ingest/records.py), once started
         self.ingest: Ingest | None = None
         self.moderation: Moderation | None = None
         self.server: RelayServer | None = None
@@ -101,7 +101,6 @@ class Node:
         if config.sync.peers:  # the key peers' AUTH needs, checked before anything opens or listens
             node_key(config)
         self.store = store = await open_store(config)
-        self.records = Records(store, config.projectors)  # reading rows: get_record, query_records
         store.add_listener(self._on_commit)
         store.on_batch = self.metrics.writer_batch
         self.moderation = await Moderation.open(store, config, runs_purges=True)  # (resumes purges cut short)
@@ -110,6 +109,7 @@ class Node:
         except ConfigError:  # a [[policies]] module that cannot be loaded: release the store's threads
             await store.close()
             raise
+        self.records = RecordApi.from_config(config, store, self.ingest)  # get, query, put and delete rows
         self.server = RelayServer(config, store, self.ingest, self.metrics, self._metrics_page)
         if config.http.status_page:  # for browsers, at the relay's endpoints
             page = StatusPage(config, time.monotonic(), self.moderation)

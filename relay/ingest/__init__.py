@@ -7,6 +7,6 @@ the writer queue, and answers a typed `Outcome` (outcome.py).
 
 from relay.ingest.outcome import Outcome
 from relay.ingest.pipeline import Ingest
-from relay.ingest.source import IMPORT, Source
+from relay.ingest.source import IMPORT, RECORD, Source
 
-__all__ = ["IMPORT", "Ingest", "Outcome", "Source"]
+__all__ = ["IMPORT", "Ingest", "Outcome", "RECORD", "Source"]

@@ -6,6 +6,7 @@
 | `Source.client(peer=url)` | peer   | -                | -     | -    | peer URL | refused    | fanned out | (*)      |
 | `Source.peer(url)` (sync) | peer   | what was asked   | -     | -    | peer URL | refused    | not stored | (*)      |
 | `IMPORT` (`relay import`) | import | -                | yes   | -    | ""       | stored     | not stored | accepted |
+| `RECORD` (records)        | record | -                | -     | -    | ""       | stored     | not stored | accepted |
 
 Every source gets the event rules (shape, id, NIP-40 expiry, the NIP-42
 AUTH kind), the bans (relay/ingest/moderation.py) and the BIP-340 signature check, then the `[[policies]]` that
@@ -71,3 +72,8 @@ class Source:
 
 IMPORT = Source("import", kind_rules=True, protected_rule=False)
 """A line of `relay import`: the operator imports (the file is their own data), so who publishes is not checked."""
+
+
+RECORD = Source("record", protected_rule=False)
+"""An event the node signed from a row of a declared projector (relay/ingest/records.py): the operator's own
+writes, so neither who publishes nor the `[auth]` kinds are checked (the projector declares the kind)."""

@@ -6,6 +6,7 @@ import asyncio
 import json
 import sqlite3
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import nostr_sdk as sdk
@@ -18,6 +19,7 @@ from relay.protocol.event import parse_event
 from relay.store.store import Store
 from tests.conftest import make_config
 from tests.helpers import Keys
+from tests.inprocess import Relay
 from tests.served import free_port
 
 
@@ -126,3 +128,25 @@ async def speaks_nip77(url: str) -> bool:
         except TimeoutError:
             return False
         return reply[0] == "NEG-MSG"
+
+
+def peered_node(tmp_path, name: str, port: int, peer_port: int) -> Relay:
+    """A relay in `tmp_path/name` on `port` (not started) whose one peer is 127.0.0.1:`peer_port`, synced every 0.5 s."""
+    (tmp_path / name).mkdir(exist_ok=True)
+    return Relay(make_config(tmp_path / name, server={"port": port},
+                             sync={"peers": [{"url": f"ws://127.0.0.1:{peer_port}"}], "interval_seconds": 0.5,
+                                   "backoff_initial_seconds": 0.1, "backoff_max_seconds": 0.5}))
+
+
+@asynccontextmanager
+async def peered_pair(tmp_path):
+    """Nodes a and b, each with the other as its peer, started; every node in the list is stopped at the end."""
+    pa, pb = free_port(), free_port()
+    nodes = [peered_node(tmp_path, "a", pa, pb), peered_node(tmp_path, "b", pb, pa)]
+    for node in nodes:
+        await node.start()
+    try:
+        yield nodes
+    finally:
+        for node in nodes:
+            await node.stop()

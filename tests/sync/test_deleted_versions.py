@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from contextlib import asynccontextmanager, closing
+from contextlib import closing
 from pathlib import Path
 
 import structlog
@@ -23,38 +23,17 @@ from tests.helpers import eventually
 from tests.inprocess import Relay
 from tests.served import free_port
 from relay.sync.session import NOT_SENT
-from tests.sync.conftest import publish, remote_ids
+from tests.sync.conftest import peered_node, peered_pair, publish, remote_ids
 from tests.sync.mesh import table_dumps
 
 NOW = int(time.time())
 TIMEOUT = 15.0
 
 
-def _node(tmp_path, name: str, port: int, peer_port: int) -> Relay:
-    (tmp_path / name).mkdir(exist_ok=True)
-    return Relay(make_config(tmp_path / name, server={"port": port},
-                             sync={"peers": [{"url": f"ws://127.0.0.1:{peer_port}"}], "interval_seconds": 0.5,
-                                   "backoff_initial_seconds": 0.1, "backoff_max_seconds": 0.5}))
-
-
 def _versions(alice):
     v1 = alice.sign(30023, "v1", [["d", "post"], ["title", "one"]], NOW - 20)
     v2 = alice.sign(30023, "v2", [["d", "post"], ["title", "two"]], NOW - 10)
     return v1, v2, alice.sign(5, "", [["e", v2["id"]]], NOW - 5)
-
-
-@asynccontextmanager
-async def _pair(tmp_path):
-    """Nodes a and b, each with the other as its peer, started; every node in the list is stopped at the end."""
-    pa, pb = free_port(), free_port()
-    nodes = [_node(tmp_path, "a", pa, pb), _node(tmp_path, "b", pb, pa)]
-    for node in nodes:
-        await node.start()
-    try:
-        yield nodes
-    finally:
-        for node in nodes:
-            await node.stop()
 
 
 async def _agree(a: Relay, b: Relay, wanted: set[str]) -> bool:
@@ -70,7 +49,7 @@ def _same_tables(a: Relay, b: Relay) -> bool:
 async def test_deletion_first_on_one_node_and_an_older_version_on_the_other(tmp_path, alice):
     """D then v2 to B (v2 refused, its mark kept), v1 to A: both end serving D alone, v1 refused on both."""
     v1, v2, deletion = _versions(alice)
-    async with _pair(tmp_path) as (a, b):
+    async with peered_pair(tmp_path) as (a, b):
         with structlog.testing.capture_logs() as logs:
             replies = await publish(b.url, [deletion, v2])
             assert [r[2:] for r in replies] == [[True, ""], [False, "blocked: this event was deleted"]]
@@ -87,13 +66,13 @@ async def test_deletion_first_on_one_node_and_an_older_version_on_the_other(tmp_
 async def test_a_node_that_was_away_drops_the_older_version_it_held(tmp_path, alice):
     """v1 to A and synced to B; B stopped; v2 then D to A; B restarted: both end serving D alone."""
     v1, v2, deletion = _versions(alice)
-    async with _pair(tmp_path) as nodes:
+    async with peered_pair(tmp_path) as nodes:
         a, b = nodes
         assert (await publish(a.url, [v1]))[0][2] is True
         assert await eventually(lambda: _agree(a, b, {v1["id"]}), TIMEOUT)
         await b.stop()
         assert [r[2] for r in await publish(a.url, [v2, deletion])] == [True, True]
-        nodes[1] = b = _node(tmp_path, "b", b.config.server.port, a.config.server.port)
+        nodes[1] = b = peered_node(tmp_path, "b", b.config.server.port, a.config.server.port)
         await b.start()
         assert await eventually(lambda: _agree(a, b, {deletion["id"]}), TIMEOUT)
         assert _same_tables(a, b)
@@ -104,7 +83,7 @@ async def test_a_refusal_that_lasts_is_counted_and_logged_once(tmp_path, alice):
     sync_peers, /metrics and `relay status` count one lasting difference, and the log names its id once."""
     note = alice.sign(1, "not taken there", [], NOW - 30)
     pb = free_port()
-    a = _node(tmp_path, "a", free_port(), pb)
+    a = peered_node(tmp_path, "a", free_port(), pb)
     (tmp_path / "b").mkdir()
     b = Relay(make_config(tmp_path / "b", server={"port": pb}, auth={"deny_kinds": [1]}))
     await b.start()

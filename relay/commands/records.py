@@ -1,0 +1,86 @@
+"""`relay record put | delete | get`: rows of a declared projector from the command line (relay/ingest/records.py).
+
+Output is JSON on stdout: `put` and `delete` print `{"event": <the signed event>, "accepted": bool, "message":
+"<OK message>"}`, `get` the row (an object).  Exit codes: 0 done; 1 refused by ingest or the store (the OK
+message on stderr); 2 a usage error, an unknown table or column, a row no event projects to (named); 3 not
+available (`get`: no such row; a `rate-limited:` refusal with `--no-wait`; a key file that cannot be read).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import orjson
+
+from relay.config import Config
+from relay.ingest import Ingest
+from relay.ingest.moderation import Moderation
+from relay.ingest.records import RecordApi, Written
+from relay.keys import NodeKeyError, load_or_create
+from relay.node import open_store
+from relay.protocol.rejection import Rejection
+from relay.store.records import RecordQueryError
+
+NOT_AVAILABLE = 3
+
+
+@asynccontextmanager
+async def open_records(config: Config) -> AsyncIterator[RecordApi]:
+    """The records of `config`'s database, for one command.
+
+    The one place that chooses how a command reaches the writer: it opens the store itself (with its hooks,
+    `open_store`, as `relay import` does; SQLite's write lock serializes it with a relay serving the same
+    database, and the reservation row keeps created_at distinct).  Through a running relay's writer channel
+    when one serves the database is to be chosen here.
+    """
+    store = await open_store(config, read_connections=1)
+    ingest = Ingest.from_config(config, store, moderation=await Moderation.open(store, config))  # bans
+    try:
+        yield RecordApi.from_config(config, store, ingest)
+    finally:
+        await ingest.aclose()
+        await store.close()
+
+
+async def run_record(config: Config, action: str, table: str, data: object, key_file: Path | None = None,
+                     created_at: int | None = None, wait: bool = True, reason: str = "") -> int:
+    """`relay record ACTION TABLE`: `data` is the row (put: an object, or a list for a one-row-per-tag table)
+    or the key (delete, get: an object of key columns); see the module docstring for output and exit codes."""
+    try:
+        key = load_or_create(key_file) if key_file is not None else None
+    except NodeKeyError as exc:
+        print(f"relay record: {exc}", file=sys.stderr)
+        return NOT_AVAILABLE
+    async with open_records(config) as records:
+        try:
+            if action == "get":
+                row = await records.get_record(table, data)
+                if row is None:
+                    print(f"relay record: no row of {table} with this key", file=sys.stderr)
+                    return NOT_AVAILABLE
+                sys.stdout.write(orjson.dumps(row).decode() + "\n")
+                return 0
+            if action == "put":
+                written = await records.put_record(table, data, key, created_at, wait=wait)
+            else:
+                written = await records.delete_record(table, key, pk=data, reason=reason)
+        except RecordQueryError as exc:  # (RowRefused too)
+            print(f"relay record: {exc}", file=sys.stderr)
+            return 2
+        except (Rejection, NodeKeyError) as exc:  # rate-limited with --no-wait; the node key unreadable
+            print(f"relay record: {exc}", file=sys.stderr)
+            return NOT_AVAILABLE
+    return _report(written)
+
+
+def _report(written: Written) -> int:
+    outcome = written.outcome
+    sys.stdout.write(orjson.dumps({"event": written.event, "accepted": outcome.accepted,
+                                   "message": outcome.message}).decode() + "\n")
+    if not outcome.accepted:
+        print(f"relay record: {outcome.message}", file=sys.stderr)
+        return 1
+    return 0
