@@ -234,11 +234,14 @@ class RateLimits:
     def admits(self, ip: str, proxied: bool = False) -> bool:
         """False when `ip` is limited and has `ip_connections` connections open already (0: no bound):
         the new one is closed with TOO_MANY_CONNECTIONS.  `proxied`: the request carried X-Forwarded-For
-        or Forwarded."""
+        or Forwarded.  With the shared table, True also counts the connection across workers, for the `open`
+        of `ip` that follows."""
         cap = self.config.ip_connections
         if not cap or not self._limited(ip, proxied):
             return True
-        if self.table is not None and ip not in self._reserved:
+        if self.table is not None:
+            if (stale := self._reserved.pop(ip, None)) is not None:  # admitted, then never opened: give it back
+                self.table.disconnect(stale)
             try:
                 slot = self.table.connect(ip, cap)
             except TableFull:

@@ -155,3 +155,15 @@ def test_a_worker_opens_only_a_table_for_its_index(tmp_path):
     (tmp_path / "other").write_bytes(os.urandom(128))
     with pytest.raises(ValueError):
         IpTable.open(tmp_path / "other", 0, [(0.0, 1)] * 3)
+
+
+def test_a_place_admitted_but_never_opened_is_given_back(shared):
+    """`admits` counts the connection for the `open` that follows; admitted again without it, the first place
+    is given back rather than counted twice."""
+    limits, _, table = shared
+    assert limits.admits(IP) and limits.admits(IP)
+    assert table.connections(IP) == 1
+    rate = limits.open(IP)
+    assert table.connections(IP) == 1
+    limits.close(rate)
+    assert table.connections(IP) == 0
