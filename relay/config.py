@@ -794,3 +794,24 @@ def _check_consistency(config: Config) -> None:
                           f" + {NEG_ENVELOPE_BYTES} = {2 * neg.frame_size_limit + NEG_ENVELOPE_BYTES}")
     if neg.max_session_items < neg.max_sync_events:
         raise ConfigError("negentropy.max_session_items: must be at least negentropy.max_sync_events")
+
+
+def worker_config(config: Config, workers: int) -> Config:
+    """The configuration one of `workers` worker processes runs with: the relay-wide memory budgets divided
+    among them (README "Limits across processes").
+
+    Each worker gets `budget // workers` of `limits.max_stored_results_bytes`, `negentropy.max_session_items`
+    and `negentropy.cache_items`, but never less than one answer needs (`limits.max_query_bytes`,
+    `negentropy.max_sync_events`), so the relay's total may pass a budget by at most that per worker.  Per-IP
+    limits are not divided: the workers share them (relay/server/iptable.py).  `workers` 0 or 1: `config`.
+    """
+    if workers <= 1:
+        return config
+    limits, neg = config.limits, config.negentropy
+    return dataclasses.replace(
+        config,
+        limits=dataclasses.replace(limits, max_stored_results_bytes=max(
+            limits.max_stored_results_bytes // workers, limits.max_query_bytes)),
+        negentropy=dataclasses.replace(neg, max_session_items=max(neg.max_session_items // workers,
+                                                                  neg.max_sync_events),
+                                       cache_items=neg.cache_items // workers))

@@ -10,14 +10,32 @@ the providers given to `watch` and `watch_peers` (the server's connections, subs
 NIP-77 sessions and closed connections; the projector hook's refusals; each
 configured peer's errors), plus the store's file sizes and its `sync_peers`
 table.
+
+With worker processes (prometheus-client's multiprocess mode), every process
+writes its metrics to files of its own in one directory (`start_multiprocess`
+in the writer, `join_multiprocess` in each worker, before `Metrics()`), and
+the process that answers `/metrics` renders the sum of them all
+(`MultiProcessCollector`), under the same names and labels.  Custom
+collectors do not run there: each scrape-time value (`SCRAPED`) is copied
+into a Counter or Gauge of the process that owns it by `refresh`, every
+`REFRESH_SECONDS` (`refresh_forever`) and before that process renders the
+page: per-worker counts as `livesum` gauges (a dead worker's go with
+`mark_process_dead`), the writer's values as `mostrecent` gauges, counters by
+their increase since the last refresh.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import shutil
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest,
+                               multiprocess, values)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from relay.ingest import Outcome
@@ -35,6 +53,42 @@ _QUERY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 _Stats = TypeVar("_Stats", covariant=True)
+MULTIPROCESS_DIR = "metrics"
+"""The directory of every process's metrics files, in the relay's runtime directory (relay/runtime.py)."""
+REFRESH_SECONDS = 1.0
+"""How often each process copies its scrape-time values into its files, with worker processes."""
+_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def start_multiprocess(runtime: Path) -> Path:
+    """The writer, before it builds its `Metrics` and starts workers: a fresh metrics directory in `runtime`
+    (the files of a previous run removed), joined (`join_multiprocess`); returns its path.  Workers started
+    after this inherit it through the environment (PROMETHEUS_MULTIPROC_DIR)."""
+    directory = runtime / MULTIPROCESS_DIR
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(mode=0o700)
+    join_multiprocess(directory)
+    return directory
+
+
+def join_multiprocess(directory: Path) -> None:
+    """Make this process's metrics write to files in `directory`: PROMETHEUS_MULTIPROC_DIR set, and
+    prometheus-client's value class switched (it chose it when first imported).  Call before `Metrics()`."""
+    os.environ[_ENV] = str(directory)
+    if not getattr(values.ValueClass, "_multiprocess", False):
+        values.ValueClass = values.MultiProcessValue()
+
+
+def mark_process_dead(pid: int, directory: Path) -> None:
+    """A worker `pid` died: its live gauges (connections, subscriptions, ...) leave the sums; its counters stay."""
+    multiprocess.mark_process_dead(pid, str(directory))
+
+
+def render_multiprocess(directory: Path) -> bytes:
+    """The exposition text of the sum of every process's files in `directory`."""
+    registry = CollectorRegistry(auto_describe=False)
+    multiprocess.MultiProcessCollector(registry, str(directory))
+    return generate_latest(registry)
 
 
 class Provider(Protocol[_Stats]):
@@ -47,7 +101,12 @@ class Provider(Protocol[_Stats]):
 class Metrics:
     """The metrics of one node; call sites use the bound children below (counts of events, seconds)."""
 
-    def __init__(self) -> None:
+    def __init__(self, multiprocess_dir: Path | None = None, writer: bool = True) -> None:
+        """`multiprocess_dir`: with worker processes, the metrics directory this process joined (None: one
+        process, today's registry and scrape-time collector); `writer`: this process owns the writer's values
+        (the store, projectors, peers, policies), else a worker's (its server)."""
+        self.multiprocess_dir = multiprocess_dir
+        self._writer = writer
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         self.events_received = Counter("relay_events_received", "EVENT messages received from clients", registry=r)
@@ -69,10 +128,21 @@ class Metrics:
                                          registry=r)
         self._scrape = _ScrapeCollector()
         r.register(self._scrape)
+        # With workers: this process's share of the scrape-time values, copied by `refresh` into its files.
+        self._copies: dict[str, Counter | Gauge] = {}
+        self._counted: dict[tuple[str, tuple[str, ...]], float] = {}
+        if multiprocess_dir is not None:
+            for spec in SCRAPED:
+                if spec.writer == writer:
+                    self._copies[spec.name] = (Counter(spec.name, spec.doc, spec.labels, registry=None) if spec.counter
+                                               else Gauge(spec.name, spec.doc, spec.labels, registry=None,
+                                                          multiprocess_mode=spec.mode))
 
-    def watch(self, store: Store, server: Provider[Any], projectors: Provider[Mapping[str, int]] | None) -> None:
+    def watch(self, store: Store | None, server: Provider[Any] | None,
+              projectors: Provider[Mapping[str, int]] | None) -> None:
         """Read these at each scrape: `store`'s files and `sync_peers` table, the `server`'s counts (the
-        fields of relay/server/app.py's `ServerStats`), and the refusals per projector (None: no projectors)."""
+        fields of relay/server/app.py's `ServerStats`), and the refusals per projector (None: no projectors).
+        With workers, the writer watches no server and a worker no projectors."""
         self._scrape.store, self._scrape.server, self._scrape.projectors = store, server, projectors
 
     def watch_peers(self, sync: Provider[Mapping[str, int]]) -> None:
@@ -94,14 +164,100 @@ class Metrics:
         self._commit_seconds.observe(seconds)
 
     async def render(self) -> bytes:
-        """The exposition text; reads the `sync_peers` table first (one short read job)."""
+        """The exposition text; reads the `sync_peers` table first (one short read job).  With workers: this
+        process's values refreshed, then the sum of every process's files."""
+        if self.multiprocess_dir is not None:
+            await self.refresh()
+            return render_multiprocess(self.multiprocess_dir)
+        await self._read_peers()
+        return generate_latest(self.registry)
+
+    async def _read_peers(self) -> None:
         store = self._scrape.store
         self._scrape.peers = await store.read_snapshot(read_states) if store is not None else []
-        return generate_latest(self.registry)
+
+    async def refresh(self) -> None:
+        """With workers: copy this process's scrape-time values into its metrics files (gauges set, counters
+        increased by what they grew since the last refresh)."""
+        if self._writer:
+            await self._read_peers()
+        for spec, samples in self._scrape.readings():
+            metric = self._copies.get(spec.name)
+            for labels, value in samples if metric is not None else ():
+                child = metric.labels(*labels) if labels else metric
+                if not spec.counter:
+                    child.set(value)
+                    continue
+                grown = value - self._counted.get((spec.name, labels), 0)
+                self._counted[spec.name, labels] = value
+                child.inc(max(grown, 0))  # a count that went down (a restarted part) starts again from there
+
+    async def refresh_forever(self) -> None:
+        """With workers: `refresh` every REFRESH_SECONDS until cancelled (a task of the process's node)."""
+        while True:
+            await self.refresh()
+            await asyncio.sleep(REFRESH_SECONDS)
+
+
+@dataclass(frozen=True)
+class Scraped:
+    """A value other parts hold, read from them: at each scrape with one process; with worker processes, by
+    `Metrics.refresh` in the process that owns it (`writer`: the writer's store, projectors, peers and
+    policies; else each worker's server), into a Counter (by its increase) or a Gauge with `mode`
+    (prometheus-client's multiprocess_mode: `livesum` sums the live workers, `mostrecent` keeps the
+    writer's last value)."""
+
+    name: str
+    doc: str
+    counter: bool = False
+    labels: tuple[str, ...] = ()
+    writer: bool = True
+    mode: str = "mostrecent"
+
+
+def _worker(name: str, doc: str, counter: bool = False) -> Scraped:
+    return Scraped(name, doc, counter, writer=False, mode="livesum")
+
+
+CONNECTIONS = _worker("relay_connections", "open WebSocket connections")
+SUBSCRIPTIONS = _worker("relay_subscriptions", "open REQ subscriptions, all connections")
+NEG_SESSIONS = _worker("relay_negentropy_sessions", "open NIP-77 (NEG-OPEN) sessions, all connections")
+NEG_ITEMS = _worker("relay_negentropy_items_held", "items held in memory by NIP-77 sessions answered from a query")
+SLOW_READERS = _worker("relay_slow_readers_disconnected", "connections closed (1008) for not reading live events or "
+                       "stored results in time", counter=True)
+KEEPALIVE = _worker("relay_keepalive_timeouts", "connections closed (1011) for neither answering a ping nor "
+                    "reading in time", counter=True)
+REFUSED_CONNECTIONS = _worker("relay_connections_refused", "connections closed (1008) at once: their client IP had "
+                              "rate_limits.ip_connections open", counter=True)
+DATABASE_BYTES = Scraped("relay_database_bytes", "size of the SQLite files: the database (db) and its write-ahead "
+                         "log (wal)", labels=("file",))
+PROJECTOR_REFUSALS = Scraped("relay_projector_refusals", "events stored but not projected, by projector", True,
+                             ("projector",))
+SYNC_IN = Scraped("relay_sync_events_in", "events fetched from the peer and stored (all time, from sync_peers)",
+                  True, ("peer",))
+SYNC_OUT = Scraped("relay_sync_events_out", "events pushed to the peer and accepted by it (all time, from "
+                   "sync_peers)", True, ("peer",))
+SYNC_SUCCESS = Scraped("relay_sync_last_success_timestamp_seconds", "unix time of the last complete "
+                       "reconciliation with the peer (0: never)", labels=("peer",))
+SYNC_LASTING = Scraped("relay_sync_lasting_differences", "ids the last two reconciliations with the peer both found "
+                       "different: refused on one side, not closed by sync (from sync_peers)", labels=("peer",))
+SYNC_REFUSED = Scraped("relay_sync_refused_events", "events the peer refused for good (invalid:, blocked:, ...) in "
+                       "the last complete reconciliation: settled, not errors (from sync_peers)", labels=("peer",))
+SYNC_ERRORS = Scraped("relay_sync_errors", "failed sync attempts with a configured peer since this process started, "
+                      "reconciliations whose events errored included", True, ("peer",))
+POLICY_OUTCOMES = Scraped("relay_policy_outcomes", "write policies' events by what happened: rejected, "
+                          "shadow_rejected, failed, overruns (of the time budget); plugins: restarts, bad_lines", True,
+                          ("policy", "outcome"))
+SCRAPED = (CONNECTIONS, SUBSCRIPTIONS, NEG_SESSIONS, NEG_ITEMS, SLOW_READERS, KEEPALIVE, REFUSED_CONNECTIONS,
+           DATABASE_BYTES, PROJECTOR_REFUSALS, SYNC_IN, SYNC_OUT, SYNC_SUCCESS, SYNC_LASTING, SYNC_REFUSED,
+           SYNC_ERRORS, POLICY_OUTCOMES)
+"""Every scrape-time value, in the order of the page."""
+
+_Samples = list[tuple[tuple[str, ...], float]]
 
 
 class _ScrapeCollector:
-    """Values read from the watched parts at scrape time (see the module docstring)."""
+    """Values read from the watched parts (see the module docstring)."""
 
     def __init__(self) -> None:
         self.store: Store | None = None
@@ -111,66 +267,34 @@ class _ScrapeCollector:
         self.policies: Provider[Mapping[str, Mapping[str, int]]] | None = None
         self.peers: list[PeerState] = []
 
-    def collect(self) -> Iterator[Metric]:
-        if self.store is None or self.server is None:  # not watching a started node yet
+    def readings(self) -> Iterator[tuple[Scraped, _Samples]]:
+        """Each scrape-time value the watched parts give now, with its samples (label values, value)."""
+        if self.server is not None:
+            server = self.server.stats()
+            for spec, value in ((CONNECTIONS, server.connections), (SUBSCRIPTIONS, server.subscriptions),
+                                (NEG_SESSIONS, server.negentropy_sessions), (NEG_ITEMS, server.negentropy_items_held),
+                                (SLOW_READERS, server.slow_readers), (KEEPALIVE, server.keepalive_timeouts),
+                                (REFUSED_CONNECTIONS, server.connections_refused)):
+                yield spec, [((), value)]
+        if self.store is None:  # not watching a started node yet, or a worker's metrics without a store
             return
-        server = self.server.stats()
-        yield GaugeMetricFamily("relay_connections", "open WebSocket connections", value=server.connections)
-        yield GaugeMetricFamily("relay_subscriptions", "open REQ subscriptions, all connections",
-                                value=server.subscriptions)
-        yield GaugeMetricFamily("relay_negentropy_sessions", "open NIP-77 (NEG-OPEN) sessions, all connections",
-                                value=server.negentropy_sessions)
-        yield GaugeMetricFamily("relay_negentropy_items_held", "items held in memory by NIP-77 sessions "
-                                "answered from a query", value=server.negentropy_items_held)
-        yield CounterMetricFamily("relay_slow_readers_disconnected", "connections closed (1008) for not reading "
-                                  "live events or stored results in time", value=server.slow_readers)
-        yield CounterMetricFamily("relay_keepalive_timeouts", "connections closed (1011) for neither answering a "
-                                  "ping nor reading in time", value=server.keepalive_timeouts)
-        yield CounterMetricFamily("relay_connections_refused", "connections closed (1008) at once: their client "
-                                  "IP had rate_limits.ip_connections open", value=server.connections_refused)
-        size = GaugeMetricFamily("relay_database_bytes", "size of the SQLite files: the database (db) and "
-                                 "its write-ahead log (wal)", labels=["file"])
-        size.add_metric(["db"], file_bytes(self.store.path))
-        size.add_metric(["wal"], wal_bytes(self.store.path))
-        yield size
-        refusals = CounterMetricFamily("relay_projector_refusals", "events stored but not projected, by projector",
-                                       labels=["projector"])
-        for name, count in sorted(self.projectors.stats().items()) if self.projectors is not None else ():
-            refusals.add_metric([name], count)
-        yield refusals
-        yield from self._peers()
+        yield DATABASE_BYTES, [(("db",), file_bytes(self.store.path)), (("wal",), wal_bytes(self.store.path))]
+        projectors = self.projectors.stats() if self.projectors is not None else {}
+        yield PROJECTOR_REFUSALS, [((name,), count) for name, count in sorted(projectors.items())]
+        yield SYNC_IN, [((p.url,), p.events_in) for p in self.peers]
+        yield SYNC_OUT, [((p.url,), p.events_out) for p in self.peers]
+        yield SYNC_SUCCESS, [((p.url,), p.last_success or 0) for p in self.peers]
+        yield SYNC_LASTING, [((p.url,), p.lasting_differences) for p in self.peers]
+        yield SYNC_REFUSED, [((p.url,), p.refused) for p in self.peers]
+        yield SYNC_ERRORS, [((url,), count) for url, count in (self.sync.stats().items() if self.sync is not None else ())]
         if self.policies is not None:
-            outcomes = CounterMetricFamily("relay_policy_outcomes", "write policies' events by what happened: "
-                                           "rejected, shadow_rejected, failed, overruns (of the time budget); "
-                                           "plugins: restarts, bad_lines", labels=["policy", "outcome"])
-            for name, counts in sorted(self.policies.stats().items()):
-                for outcome, count in sorted(counts.items()):
-                    outcomes.add_metric([name, outcome], count)
-            yield outcomes
+            yield POLICY_OUTCOMES, [((name, outcome), count) for name, counts in sorted(self.policies.stats().items())
+                                    for outcome, count in sorted(counts.items())]
 
-    def _peers(self) -> Iterator[Metric]:
-        """Per-peer sync state: all-time counts from `sync_peers`, errors since this process started."""
-        events_in = CounterMetricFamily("relay_sync_events_in", "events fetched from the peer and stored "
-                                        "(all time, from sync_peers)", labels=["peer"])
-        events_out = CounterMetricFamily("relay_sync_events_out", "events pushed to the peer and accepted by it "
-                                         "(all time, from sync_peers)", labels=["peer"])
-        success = GaugeMetricFamily("relay_sync_last_success_timestamp_seconds", "unix time of the last complete "
-                                    "reconciliation with the peer (0: never)", labels=["peer"])
-        lasting = GaugeMetricFamily("relay_sync_lasting_differences", "ids the last two reconciliations with the "
-                                    "peer both found different: refused on one side, not closed by sync "
-                                    "(from sync_peers)", labels=["peer"])
-        refused = GaugeMetricFamily("relay_sync_refused_events", "events the peer refused for good (invalid:, "
-                                    "blocked:, ...) in the last complete reconciliation: settled, not errors "
-                                    "(from sync_peers)", labels=["peer"])
-        errors = CounterMetricFamily("relay_sync_errors", "failed sync attempts with a configured peer since this "
-                                     "process started, reconciliations whose events errored included",
-                                     labels=["peer"])
-        for state in self.peers:
-            events_in.add_metric([state.url], state.events_in)
-            events_out.add_metric([state.url], state.events_out)
-            success.add_metric([state.url], state.last_success or 0)
-            lasting.add_metric([state.url], state.lasting_differences)
-            refused.add_metric([state.url], state.refused)
-        for url, count in self.sync.stats().items() if self.sync is not None else ():
-            errors.add_metric([url], count)
-        yield from (events_in, events_out, success, lasting, refused, errors)
+    def collect(self) -> Iterator[Metric]:
+        for spec, samples in self.readings():
+            family = (CounterMetricFamily if spec.counter else GaugeMetricFamily)(spec.name, spec.doc,
+                                                                                  labels=spec.labels)
+            for labels, value in samples:
+                family.add_metric(labels, value)
+            yield family

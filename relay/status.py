@@ -12,6 +12,8 @@ import sqlite3
 from pathlib import Path
 
 from relay.config import Config
+from relay.processes import read_processes
+from relay.runtime import runtime_dir
 from relay.store.checkpoint import file_bytes, wal_bytes
 from relay.store.db import connect_readonly
 from relay.store.projectors.engine import pending_reason
@@ -27,6 +29,8 @@ def gather_status(config: Config) -> dict:
     "peers": [...]}`, where each projector is as `projector_states` gives it
     and each peer has `url`, `configured` (in `[[sync.peers]]`), `direction`,
     `filter`, and the `sync_peers` columns (unix seconds, counts of events).
+    With worker processes running, also `"processes"`: the writer's and each
+    worker's pid and start time (relay/processes.py's file).
 
     Raises:
         FileNotFoundError: there is no database at `store.path`.
@@ -50,13 +54,17 @@ def gather_status(config: Config) -> dict:
         peers.append({**row, "configured": True, "direction": peer.direction, "filter": json.loads(peer.filter),
                       "pubkey": peer.pubkey or None})
     peers.extend({**row, "configured": False} for row in states.values())
-    return {
+    status = {
         "database": {"path": str(path), "bytes": file_bytes(path), "wal_bytes": wal_bytes(path),
                      "schema_version": version},
         "events": {"total": sum(kinds.values()), "by_kind": kinds},
         "projectors": projectors,
         "peers": peers,
     }
+    processes = read_processes(runtime_dir(path, create=False))
+    if processes is not None:
+        status["processes"] = processes
+    return status
 
 
 def projector_states(conn: sqlite3.Connection, config: Config) -> list[dict]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -11,6 +12,8 @@ import sys
 import pytest
 
 from relay.commands.status import run_status
+from relay.processes import PROCESSES_FILE, WorkerProcess, write_processes
+from relay.runtime import runtime_dir
 from relay.store.projectors.spec import parse_specs
 from relay.sync.state import add_counts, record_error
 from tests.conftest import make_config
@@ -102,3 +105,32 @@ def test_status_into_a_closed_pipe_exits_1_without_a_traceback(status_config):
     _, err = proc.communicate(timeout=CLI_TIMEOUT)
     assert proc.returncode == 1
     assert b"Traceback" not in err and b"BrokenPipeError" not in err, err
+
+
+def test_status_shows_each_process_of_a_running_relay(status_config, capsys):
+    """With a processes file whose writer is alive, --json and the text list the writer and each worker; once
+    its writer is gone, the file is ignored (a relay that is not running)."""
+    runtime = runtime_dir(status_config.store.path)
+    workers = [WorkerProcess(1, 4243, 1_700_000_060.0, restarts=2), WorkerProcess(0, 4242, 1_700_000_001.0)]
+    write_processes(runtime, os.getpid(), 1_700_000_000.0, workers)
+    try:
+        assert run_status(status_config, as_json=True) == 0
+        assert json.loads(capsys.readouterr().out)["processes"] == {
+            "writer": {"pid": os.getpid(), "started": 1_700_000_000.0},
+            "workers": [{"index": 0, "pid": 4242, "started": 1_700_000_001.0, "restarts": 0},
+                        {"index": 1, "pid": 4243, "started": 1_700_000_060.0, "restarts": 2}]}
+        assert run_status(status_config, as_json=False) == 0
+        lines = capsys.readouterr().out.splitlines()
+        first = next(i for i, line in enumerate(lines) if line.startswith("processes: "))
+        assert lines[first].startswith(f"processes: writer pid {os.getpid()}, started ")
+        assert lines[first].endswith("; 2 workers")
+        assert lines[first + 1].startswith("  worker 0: pid 4242, started ")
+        assert lines[first + 2].endswith("restarted 2 times")
+
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+        write_processes(runtime, int(gone.stdout), 1_700_000_000.0, workers)
+        assert run_status(status_config, as_json=True) == 0
+        assert "processes" not in json.loads(capsys.readouterr().out)
+    finally:
+        (runtime / PROCESSES_FILE).unlink()

@@ -29,6 +29,19 @@ def _mib(n: int) -> str:
     return f"{n / 1048576:.1f} MiB"
 
 
+def _processes(processes: dict | None, now: float) -> list[str]:
+    """The lines of the running relay's processes (none when it runs none: not running, or one process)."""
+    if processes is None:
+        return []
+    writer = processes["writer"]
+    lines = [f"processes: writer pid {writer['pid']}, started {_when(writer['started'], now)}; "
+             f"{len(processes['workers'])} workers"]
+    for w in processes["workers"]:
+        lines.append(f"  worker {w['index']}: pid {w['pid']}, started {_when(w['started'], now)}, "
+                     f"restarted {w['restarts']} times")
+    return lines
+
+
 def render_status(status: dict, now: float | None = None, top_kinds: int = 15) -> str:
     """The status as readable text (what `relay status` prints without --json)."""
     now = time.time() if now is None else now
@@ -59,6 +72,7 @@ def render_status(status: dict, now: float | None = None, top_kinds: int = 15) -
             lines.append(f"    last error {_when(p.get('last_error_at'), now)}: {p['last_error']}")
         if p.get("lease_owner") and (p.get("lease_expires") or 0) > now:
             lines.append(f"    syncing now: {p['lease_owner']} (lease until {_when(p['lease_expires'], now)})")
+    lines.extend(_processes(status.get("processes"), now))
     lines.append(f"projectors: {len(status['projectors'])}" + ("" if status["projectors"] else " (none configured)"))
     for p in status["projectors"]:
         lines.append(f"  {p['name']} (kind {p['kind']}, revision {p['revision']}): {p['state']}, {p['rows']} rows, "

@@ -14,6 +14,14 @@ limited at all, nor (`exempt_loopback`) a loopback client whose request
 carries no `X-Forwarded-For` or `Forwarded` header: behind a proxy on this
 host every client is loopback, so such a request is limited (and a warning
 logged once) unless a trusted proxy named its client.
+
+With worker processes, each IP's state lives in the relay's shared table
+instead (`table`: relay/server/iptable.py), so `ip_connections`, the per-IP
+buckets and the per-IP share of unsent results hold across all workers.
+`admits` then counts the connection in the same locked step that checks the
+cap (two workers cannot both admit the last place), and the `open` for that
+IP that follows it on this process takes that place.  An IP whose group of
+the table is full falls back to this process's own state (logged once).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import ipaddress
 import sys
 import time
 from collections import OrderedDict
+from pathlib import Path
 
 import structlog
 from token_bucket import Limiter, MemoryStorage
@@ -29,6 +38,7 @@ from token_bucket import Limiter, MemoryStorage
 from relay.config import RateLimitConfig
 from relay.ingest.outcome import RATE_LIMITED
 from relay.server.budget import ByteBudget
+from relay.server.iptable import IpTable, TableFull
 
 EVENTS, REQS, NEG_OPENS = 0, 1, 2
 """The limited actions: EVENT and AUTH; REQ and COUNT; NEG-OPEN."""
@@ -40,8 +50,32 @@ REFUSALS = (RATE_LIMITED.message, "rate-limited: too many REQ and COUNT requests
 MAX_IDLE_IPS = 100_000
 """Default: IPs without an open connection whose buckets are kept (the oldest are dropped first)."""
 _KEYS = ("events", "reqs", "neg_opens")
+IP_TABLE = "ip-limits"
+"""The shared per-IP table's file name in the relay's runtime directory."""
 
 log = structlog.get_logger(__name__)
+
+
+def ip_buckets(config: RateLimitConfig) -> tuple[tuple[float, int], ...]:
+    """The per-IP buckets' (rate per second, burst) for EVENTS, REQS, NEG_OPENS."""
+    return ((config.ip_events_per_second, config.ip_events_burst),
+            (config.ip_reqs_per_second, config.ip_reqs_burst),
+            (config.ip_neg_opens_per_second, config.ip_neg_opens_burst))
+
+
+def create_ip_table(runtime: Path, config: RateLimitConfig, workers: int) -> IpTable:
+    """The writer's fresh shared per-IP table for `workers` workers, in the relay's runtime directory
+    (relay/runtime.py); made before the workers start, cleared of a dead worker with `clear_worker(i)`."""
+    return IpTable.create(runtime / IP_TABLE, workers, ip_buckets(config))
+
+
+def open_ip_table(runtime: Path, config: RateLimitConfig, worker: int) -> IpTable:
+    """Worker `worker`'s view of the table `create_ip_table` made, for `RateLimits(..., table=...)`.
+
+    Raises:
+        OSError: there is no table; ValueError: the file is not one, or `worker` is past its workers.
+    """
+    return IpTable.open(runtime / IP_TABLE, worker, ip_buckets(config))
 
 
 def _networks(items) -> list:
@@ -78,6 +112,8 @@ class _Buckets:
 
 
 class _IpState:
+    """An IP's state in this process alone (no worker processes, or the shared table's group was full)."""
+
     __slots__ = ("buckets", "stored_results", "connections", "idle_since")
 
     def __init__(self, buckets: _Buckets, stored_results: ByteBudget) -> None:
@@ -86,13 +122,56 @@ class _IpState:
         self.connections = 0
         self.idle_since = 0.0
 
+    def take(self, action: int) -> bool:
+        return self.buckets.take(action)
+
+
+class _SharedShare(ByteBudget):
+    """An IP's share of unsent REQ results counted in the shared table (all workers together), each byte
+    also taken from this worker's part of the relay's budget (`within`); `held` is this worker's bytes."""
+
+    def __init__(self, table: IpTable, slot: int, max_bytes: int, within: ByteBudget) -> None:
+        super().__init__(max_bytes, within)
+        self._table, self._slot = table, slot
+
+    def short_of(self, n: int) -> ByteBudget | None:
+        if self._table.held(self._slot) + n > self.max_bytes:
+            return self
+        return self.within.short_of(n)
+
+    def take(self, n: int) -> bool:
+        if self.within.short_of(n) is not None or not self._table.reserve(self._slot, n, self.max_bytes):
+            return False
+        self.held += n
+        self.within.take(n)
+        return True
+
+    def release(self, n: int) -> None:
+        self._table.release(self._slot, n)
+        self.held -= n
+        self.within.release(n)
+
+
+class _SharedIp:
+    """An IP's state in the shared table: its slot, whose buckets every worker draws on."""
+
+    __slots__ = ("table", "slot", "stored_results")
+
+    def __init__(self, table: IpTable, slot: int, stored_results: ByteBudget) -> None:
+        self.table = table
+        self.slot = slot
+        self.stored_results = stored_results
+
+    def take(self, action: int) -> bool:
+        return self.table.take(self.slot, action)
+
 
 class ConnectionRate:
     """The buckets one connection draws on: its own, then its client IP's."""
 
     __slots__ = ("ip", "_own", "_shared")
 
-    def __init__(self, ip: str, own: _Buckets, shared: _IpState) -> None:
+    def __init__(self, ip: str, own: _Buckets, shared: _IpState | _SharedIp) -> None:
         self.ip = ip
         self._own = own
         self._shared = shared
@@ -104,25 +183,27 @@ class ConnectionRate:
 
     def allow(self, action: int) -> bool:
         """Take a token for `action` (EVENTS, REQS, NEG_OPENS); False when over the rate (reply REFUSALS[action])."""
-        return self._own.take(action) and self._shared.buckets.take(action)
+        return self._own.take(action) and self._shared.take(action)
 
 
 class RateLimits:
     """`[rate_limits]` for the whole relay: resolves client IPs and hands out `ConnectionRate`s."""
 
     def __init__(self, config: RateLimitConfig, max_idle_ips: int = MAX_IDLE_IPS,
-                 stored_results: ByteBudget | None = None) -> None:
-        """`stored_results`: the relay-wide budget each IP's share is taken from (None: no relay-wide bound)."""
+                 stored_results: ByteBudget | None = None, table: IpTable | None = None) -> None:
+        """`stored_results`: the budget each IP's share is taken from (None: no bound; in a worker, its part of
+        the relay's); `table`: the per-IP state all workers share (None: this process's own, no workers)."""
         self.config = config
+        self.table = table
+        self._reserved: dict[str, int] = {}  # IP -> the slot `admits` counted a connection in, for `open`
+        self._warned_full = False
         self._stored_results = stored_results or ByteBudget(sys.maxsize)
         self.max_idle_ips = max_idle_ips
         self._exempt = _networks(config.exempt)
         self._trusted = _networks(config.trusted_proxies)
         self._own = ((config.events_per_second, config.events_burst), (config.reqs_per_second, config.reqs_burst),
                      (config.neg_opens_per_second, config.neg_opens_burst))
-        self._per_ip = ((config.ip_events_per_second, config.ip_events_burst),
-                        (config.ip_reqs_per_second, config.ip_reqs_burst),
-                        (config.ip_neg_opens_per_second, config.ip_neg_opens_burst))
+        self._per_ip = ip_buckets(config)
         # An idle IP's buckets are full again after this long: forgetting them then changes nothing.
         self._refill_seconds = max((burst / rate for rate, burst in self._per_ip if rate > 0), default=0.0)
         self._ips: dict[str, _IpState] = {}
@@ -153,10 +234,22 @@ class RateLimits:
     def admits(self, ip: str, proxied: bool = False) -> bool:
         """False when `ip` is limited and has `ip_connections` connections open already (0: no bound):
         the new one is closed with TOO_MANY_CONNECTIONS.  `proxied`: the request carried X-Forwarded-For
-        or Forwarded."""
+        or Forwarded.  With the shared table, True also counts the connection across workers, for the `open`
+        of `ip` that follows."""
         cap = self.config.ip_connections
         if not cap or not self._limited(ip, proxied):
             return True
+        if self.table is not None:
+            if (stale := self._reserved.pop(ip, None)) is not None:  # admitted, then never opened: give it back
+                self.table.disconnect(stale)
+            try:
+                slot = self.table.connect(ip, cap)
+            except TableFull:
+                self._table_full(ip)
+            else:
+                if slot is not None:
+                    self._reserved[ip] = slot
+                return slot is not None
         state = self._ips.get(ip)
         return state is None or state.connections < cap
 
@@ -165,6 +258,8 @@ class RateLimits:
         `proxied` as for `admits`."""
         if not self._limited(ip, proxied):
             return None
+        if self.table is not None and (shared := self._open_shared(ip)) is not None:
+            return ConnectionRate(ip, _Buckets(self._own), shared)
         self._forget_idle()
         state = self._ips.get(ip) or self._idle.pop(ip, None)
         if state is None:
@@ -174,6 +269,28 @@ class RateLimits:
         self._ips[ip] = state
         state.connections += 1
         return ConnectionRate(ip, _Buckets(self._own), state)
+
+    def _open_shared(self, ip: str) -> _SharedIp | None:
+        """The IP's state in the table with this connection counted (by `admits` already, or now); None when
+        its group is full."""
+        assert self.table is not None
+        slot = self._reserved.pop(ip, None)
+        if slot is None:
+            try:
+                slot = self.table.connect(ip)
+            except TableFull:
+                self._table_full(ip)
+                return None
+        assert slot is not None  # connect refuses only past a cap, and none was given
+        share = self.config.ip_stored_results_bytes
+        budget = _SharedShare(self.table, slot, share, self._stored_results) if share else self._stored_results
+        return _SharedIp(self.table, slot, budget)
+
+    def _table_full(self, ip: str) -> None:
+        if not self._warned_full:
+            self._warned_full = True
+            log.warning("rate_limits_table_full", remote=ip,
+                        hint="an IP's group of the shared rate-limit table is full: its limits hold per worker")
 
     def _limited(self, ip: str, proxied: bool) -> bool:
         if not self.config.enabled or _within(ip, self._exempt):
@@ -193,6 +310,9 @@ class RateLimits:
         if rate is None:
             return
         state = rate._shared
+        if isinstance(state, _SharedIp):
+            state.table.disconnect(state.slot)
+            return
         state.connections -= 1
         if state.connections <= 0:
             del self._ips[rate.ip]
