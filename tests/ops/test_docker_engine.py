@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REAL_EVENTS, Client, Keys, read_jsonl
-from tests.ops.deployment import COMPOSE_FILE, REPO, served_by
+from tests.ops.deployment import COMPOSE_FILE, REPO, node_pubkey, read_compose, served_by
 from tests.served import free_port
 
 pytestmark = pytest.mark.docker
@@ -65,6 +65,7 @@ class ComposeProject:
         return docker(*self.program, *args, env=self.env)
 
     def url(self, service: str) -> str:
+        """The service's WebSocket URL on its published port."""
         return f"ws://127.0.0.1:{self.ports[service]}"
 
     def health(self, service: str) -> str:
@@ -116,6 +117,15 @@ async def publish(url: str, events: list[dict]) -> None:
 def test_both_containers_report_healthy(pair):
     """The engine runs both nodes' HEALTHCHECK (GET /health from inside the container) and reports them healthy."""
     assert {service: pair.health(service) for service in pair.ports} == {"node-a": "healthy", "node-b": "healthy"}
+
+
+def test_relay_key_in_each_container_is_its_compose_secret(pair):
+    """`docker compose exec SERVICE relay key` prints the pubkey of the service's compose secret (README)."""
+    compose = read_compose()
+    for service, spec in compose["services"].items():
+        (secret,) = spec["secrets"]
+        expected = node_pubkey(REPO / compose["secrets"][secret]["file"])
+        assert pair.run("exec", "-T", service, "relay", "key").strip() == expected
 
 
 async def test_an_event_published_to_node_a_is_served_by_node_b(pair):
