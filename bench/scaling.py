@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import random
 import sys
 import time
@@ -153,11 +154,12 @@ def _per_1000(cpu_s, n) -> str:
     return f"{cpu_s / n * 1000:.3f}" if cpu_s is not None and n else "-"
 
 
-def report(runs: list[dict]) -> str:
+def report(runs: list[dict], args) -> str:
     base = next((x for x in runs if x["workers"] == 0), None)
     L = ["== Scaling: ours with [server] workers = N (same events, fresh store each) ==",
          f"{'workers':>7}{'procs':>6}{'ingest ev/s':>12}{'x0':>6}{'CPU-s/1k ev':>12}{'writer µs/ev':>13}"
-         f"{'commit µs/ev':>13}{'writer max ev/s':>16}{'REQ/s':>9}{'x0':>6}{'CPU-s/1k REQ':>13}{'other':>7}"]
+         f"{'commit µs/ev':>13}{'writer max ev/s':>16}{'REQ/s':>9}{'x0':>6}{'CPU-s/1k REQ':>13}{'relay cores':>12}"
+         f"{'other':>7}"]
     for x in runs:
         i, q = x["ingest"], x["req"]
         ix = f"{i['eps'] / base['ingest']['eps']:.2f}" if base and base["ingest"]["eps"] else "-"
@@ -166,7 +168,8 @@ def report(runs: list[dict]) -> str:
         L.append(f"{x['workers']:>7}{x['processes']:>6}{i['eps']:>12,.0f}{ix:>6}{_per_1000(i['relay_cpu_s'], i['acked']):>12}"
                  f"{(f'{wus:.0f}' if wus else '-'):>13}{(f'{cus:.0f}' if cus else '-'):>13}"
                  f"{(f'{1e6 / wus:,.0f}' if wus and x['workers'] else '-'):>16}{q['qps']:>9,.0f}{qx:>6}"
-                 f"{_per_1000(q['relay_cpu_s'], q['answered']):>13}{q['other_cores']:>7.2f}")
+                 f"{_per_1000(q['relay_cpu_s'], q['answered']):>13}{q['relay_cpu_s'] / args.req_seconds:>12.2f}"
+                 f"{q['other_cores']:>7.2f}")
         for e in i["errors"][:2] + q["errors"][:2]:
             L.append(f"{'':>7}error: {e}")
         if q["closed"] or q["timeouts"]:
@@ -179,7 +182,8 @@ def report(runs: list[dict]) -> str:
                  f" goal: REQ 2 workers / 0 = {gq:.2f} ({'met' if gq >= REQ_GOAL else 'MISSED'}, >= {REQ_GOAL})")
     L.append("writer µs/ev: the writer process's CPU per event stored (workers = 0: the one process, connections "
              "included); commit µs/ev: write-transaction wall time per event (/metrics); writer max ev/s = 1e6 / "
-             "writer µs/ev")
+             "writer µs/ev; relay cores: its CPU per second of the REQ phase; other: the rest of the machine's (the "
+             f"REQ clients included), of {os.cpu_count()} cores")
     return "\n".join(L)
 
 
@@ -194,6 +198,8 @@ def main() -> None:
     ap.add_argument("--req-seconds", type=float, default=20.0)
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
+    if any(args.workers) and not common.ours_has_workers():
+        ap.error("this tree's `relay serve` has no --workers (issue 16's worker processes): only --workers 0 runs")
     lines = events.load(args.n)
     targets = query.pick_targets(query.model_store(lines))
     runs = []
@@ -201,7 +207,7 @@ def main() -> None:
         x = run_one(w, lines, targets, args)
         common.eprint(f"workers={w}: ingest {ingest.fmt(x['ingest'])}; REQ {x['req']['qps']:,.0f}/s")
         runs.append(x)
-    print(report(runs))
+    print(report(runs, args))
     if args.json:
         Path(args.json).write_text(json.dumps(runs, indent=1, default=str))
 
