@@ -137,11 +137,13 @@ def run_one(workers: int, lines: list[bytes], targets: dict, args) -> dict:
         r = ingest.run_ingest(srv.url, lines, args.conns, 1000, srv.pid, duration=args.ingest_seconds, grace=60)
         own = common.cpu_seconds(srv.pid, tree=False) - own0
         m1 = metric_sums(srv.port, WRITER_METRICS)
+        # /metrics answered by one worker counts only that worker's share until it reports the whole relay
+        # (prometheus multiprocess mode); the events answered OK true are the events stored then
         stored = m1["relay_events_stored_total"] - m0["relay_events_stored_total"]
+        commit_s = m1["relay_writer_commit_seconds_sum"] - m0["relay_writer_commit_seconds_sum"]
         out = {"workers": workers, "ingest": r, "stored": stored,
-               "writer_cpu_us": own / stored * 1e6 if stored else None,
-               "commit_us": (m1["relay_writer_commit_seconds_sum"] - m0["relay_writer_commit_seconds_sum"])
-               / stored * 1e6 if stored else None}
+               "writer_cpu_us": own / (stored or r["ok_true"]) * 1e6 if stored or r["ok_true"] else None,
+               "commit_us": commit_s / stored * 1e6 if stored and commit_s else None}
         out["req"] = req_throughput(srv.url, srv.pid, targets, args.req_procs, args.req_conns, args.req_seconds)
         out["rss"] = common.rss_detail(srv.pid)
         out["processes"] = len(common.tree_pids(srv.pid))
