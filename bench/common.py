@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import shutil
 import signal
@@ -119,6 +120,15 @@ def thread_schedstat(pid: int, tid: int | None = None) -> tuple[float, float]:
     except (OSError, ValueError):
         return 0.0, 0.0
     return int(on_cpu) / 1e9, int(waiting) / 1e9
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's open-files soft limit to its hard limit (many client sockets); the new limit."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
 
 
 def self_cpu() -> float:
@@ -255,13 +265,34 @@ def ours_available() -> tuple[bool, str]:
     return True, ""
 
 
-def ours(port: int | None = None, db: Path | None = None) -> Server:
+@functools.lru_cache(maxsize=1)
+def ours_has_workers() -> bool:
+    """Whether this tree's `relay serve` takes --workers (issue 16's worker processes)."""
+    r = subprocess.run([str(REPO / ".venv" / "bin" / "relay"), "serve", "--help"], capture_output=True,
+                       text=True, timeout=30, cwd=REPO)
+    return "--workers" in r.stdout
+
+
+def workers_args(workers: int | None) -> list[str]:
+    """`relay serve` arguments giving it `workers` worker processes (None: the relay's own default).
+
+    Raises RuntimeError for workers > 0 on a relay without --workers; 0 there is its only mode."""
+    if workers is None or (workers == 0 and not ours_has_workers()):
+        return []
+    if not ours_has_workers():
+        raise RuntimeError(f"workers={workers}: this tree's `relay serve` has no --workers")
+    return ["--workers", str(workers)]
+
+
+def ours(port: int | None = None, db: Path | None = None, workers: int | None = None) -> Server:
+    """`relay serve` on a fresh run directory (its database there unless `db`), rate limits off,
+    with `workers` worker processes (None: the relay's default; see workers_args)."""
     port = port or free_port()
     d = _rundir("ours", port)
     db = db or d / "relay.db"
     # The load generators are one client IP: the shipped rate limits would measure themselves.
     return Server("ours", [str(REPO / ".venv" / "bin" / "relay"), "serve", "--host", HOST,
-                           "--port", str(port), "--db", str(db)], port, d,
+                           "--port", str(port), "--db", str(db), *workers_args(workers)], port, d,
                   env={"RELAY_RATE_LIMITS__ENABLED": "false"})
 
 

@@ -3,6 +3,8 @@
     .venv/bin/python bench/query.py --relay nostr-relay --n 100000      # start, load, query
     .venv/bin/python bench/query.py --relay localrelay --n 50000
     .venv/bin/python bench/query.py --url ws://127.0.0.1:7777 --n 100000  # already loaded
+    .venv/bin/python bench/query.py --url ws://127.0.0.1:7777 --relay-pid PID --load --n 100000
+                                     # any running relay (strfry...): publish the events first
 
 Queries (each repeated --reps times on its own connection after 3 warm-ups):
   author_feed   {"authors":[A],"limit":500}              A = author with most events
@@ -244,6 +246,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--relay-pid", type=int, help="with --url: PID whose CPU (process tree) to account")
+    ap.add_argument("--load", action="store_true",
+                    help="with --url: first publish the --n events through the WebSocket (fresh relay)")
     ap.add_argument("--json")
     args = ap.parse_args()
     lines = events.load(args.n)
@@ -260,10 +265,16 @@ def main() -> None:
             url = srv.url
         else:
             url = args.url
+            if args.load:
+                common.eprint(f"loaded by publishing: {ingest.fmt(stores.publish_to(url, args.relay_pid, lines))}")
+        pid = srv.pid if srv else args.relay_pid
+        cpu0 = common.cpu_seconds(pid) if pid else None
         common.install_uvloop()
         res = asyncio.run(bench_queries(url, targets, store, args.reps, only=args.only))
         for r in res:
             print(fmt_row(r))
+        if pid:
+            print(f"relay CPU during the queries: {common.cpu_seconds(pid) - cpu0:.2f} s (process tree of {pid})")
         if args.json:
             Path(args.json).write_text(json.dumps(res, indent=1))
     finally:

@@ -29,11 +29,17 @@ LOAD_WINDOW = {"nostr-relay": 50}
 
 
 def publish(srv: common.Server, lines: list[bytes], relay: str) -> dict:
-    r = ingest.run_ingest(srv.url, lines, 4, LOAD_WINDOW.get(relay, 1000), srv.pid,
+    return publish_to(srv.url, srv.pid, lines, relay)
+
+
+def publish_to(url: str, relay_pid: int | None, lines: list[bytes], relay: str = "") -> dict:
+    """Publish every line as an EVENT to the relay at `url` (4 connections; `relay` names a relay
+    with quirks below, "" for any other); ingest.run_ingest's result.  RuntimeError unless all are answered."""
+    r = ingest.run_ingest(url, lines, 4, LOAD_WINDOW.get(relay, 1000), relay_pid,
                           duration=1800, grace=120,
                           reconnect_every=ingest.RECONNECT_EVERY.get(relay, 0))
     if r["errors"] or r["acked"] < len(lines):
-        raise RuntimeError(f"loading {relay} failed: {ingest.fmt(r)}")
+        raise RuntimeError(f"loading {relay or url} failed: {ingest.fmt(r)}")
     return r
 
 
