@@ -28,7 +28,7 @@ from relay.protocol.auth import relay_url_key
 from relay.protocol.event import EventLimits
 from relay.protocol.filters import MAX_SEARCH_BYTES
 from relay.store.projectors.builtin import builtin_projectors  # [[projectors]]
-from relay.store.projectors.engine import MAX_REFUSALS, REBUILD_BATCH
+from relay.store.projectors.engine import BUILD_BATCH, MAX_REFUSALS, REBUILD_BATCH
 from relay.store.projectors.causal import CausalSpec  # [[causal_projectors]]
 from relay.store.projectors.causal_toml import parse_causal  # [[causal_projectors]]
 from relay.store.projectors.spec import ProjectorSpec, SpecError, parse_specs  # [[projectors]]
@@ -213,6 +213,8 @@ class StoreConfig:
                                       min=1)
     projector_rebuild_batch: int = key(REBUILD_BATCH, "[[projectors]]: events per rebuild transaction",
                                        unit="events", min=1)
+    projector_build_batch: int = key(BUILD_BATCH, "[[projectors]]: events per step of a build while the relay "
+                                     "serves", unit="events", min=1)
 
     def options(self, read_connections: int | None = None, relay_url: str = "") -> StoreOptions:
         """The Store's options; `read_connections` overrides the pool size (offline commands need one);
