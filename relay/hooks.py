@@ -28,7 +28,8 @@ def hooks(config: Config, background_builds: bool = False) -> list[TransactionHo
     if config.projectors:
         found.append(ProjectorHook(config.projectors, max_refusals=config.store.max_projector_refusals,
                                    rebuild_batch=config.store.projector_rebuild_batch, background=background_builds,
-                                   build_batch=config.store.projector_build_batch))
+                                   build_batch=config.store.projector_build_batch,
+                                   row_tables=config.store.row_change_tables))
     found.append(negentropy_hook(config))
     found.append(search_hook(config))
     return found

@@ -32,6 +32,7 @@ import structlog
 
 from relay.protocol.event import Event
 from relay.store.db import transaction
+from relay.store.projectors import rowfeed
 from relay.store.projectors.rows import stored_event
 from relay.store.projectors.spec import ProjectorSpec
 from relay.store.projectors.tables import quote, record_refusals, sync_schema, write_meta
@@ -45,8 +46,10 @@ class Writes(Protocol):
     """What a build needs of a compiled projector (`engine.PlainProjector`)."""
 
     spec: ProjectorSpec
+    encoder: rowfeed.RowEncoder
 
-    def write(self, cur: sqlite3.Cursor, events: list[Event], refusals: list, replace: bool = False) -> int: ...
+    def write(self, cur: sqlite3.Cursor, events: list[Event], refusals: list, replace: bool = False,
+              written: list[tuple] | None = None) -> int: ...
 
 
 def events_by_seq(cur: sqlite3.Cursor, seqs: list[int]) -> list[Event]:
@@ -93,6 +96,8 @@ class Build:
         self.clock = clock
         self.read = 0
         self.started = self._reported = time.perf_counter()
+        self._delete_event_sql = (f"DELETE FROM {quote(projector.spec.table)} WHERE _event_id = ? RETURNING "
+                                  + ", ".join(quote(c) for c in projector.spec.key_columns()))
 
     @property
     def name(self) -> str:
@@ -116,6 +121,8 @@ class Build:
                 if not fill:
                     cur.execute(f"DELETE FROM {quote(spec.table)}")
                     cur.execute("DELETE FROM projector_refusals WHERE projector = ?", (spec.name,))
+                    if rowfeed.is_logged(cur, spec.table):
+                        rowfeed.reset(cur, spec.table)
                 through = cur.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0]
                 total = cur.execute("SELECT count(*) FROM events WHERE kind = ?", (spec.kind,)).fetchone()[0]
                 progress = {"after": 0, "through": through, "done": 0, "total": total, "fill": fill}
@@ -141,10 +148,19 @@ class Build:
         if chunk:
             progress["after"] = chunk[-1]
         finished = self.read + len(chunk) >= len(self.seqs)
+        fill = self.progress["fill"]
         with transaction(conn) as cur:
+            logged = rowfeed.is_logged(cur, spec.table)
+            written: list[tuple] | None = [] if logged else None
             for start in range(0, len(chunk), _STEP_STATEMENT):
                 self.projector.write(cur, events_by_seq(cur, chunk[start:start + _STEP_STATEMENT]), refusals,
-                                     replace=True)
+                                     replace=True, written=written)
+            # a fill keeps the rows: those of an event a new field now refuses go (a build from empty has none)
+            removed = [key for _, event_id, _ in refusals for key in cur.execute(
+                self._delete_event_sql, (event_id,))] if fill else []
+            if logged:  # a fill puts rows back over the same keys
+                rowfeed.log(cur, self.projector.encoder, removed, written,
+                            rowfeed.REPLACE if fill else rowfeed.INSERT)
             record_refusals(cur, refusals, int(self.clock()), self.max_refusals)
             write_meta(cur, spec.name, {**self.current, "state": "current"} if finished
                        else {**self.current, "state": "building", "build": progress})

@@ -29,16 +29,18 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from operator import itemgetter
 
 import structlog
 
 from relay.protocol.event import Event
 from relay.store.projectors import causal as causal_mod
+from relay.store.projectors import rowfeed
 from relay.store.projectors.build import Build, events_by_seq, progress_of
 from relay.store.projectors.causal import CausalEngine, CausalSpec, causal_hash
 from relay.store.projectors.rows import Refusal, RowMaker
+from relay.store.projectors.rowfeed import RowEncoder
 from relay.store.projectors.spec import ProjectorSpec, column_identity, shape_hash, spec_hash
 from relay.store.projectors.tables import (
     ensure_store_tables,
@@ -84,13 +86,25 @@ class PlainProjector:
         self._event_id_position = spec.stored_columns.index(spec.aliases.get("_event_id", "_event_id"))
         self.undo_sql = (f"DELETE FROM {table} WHERE " + " AND ".join(f"{quote(c)} = ?" for c in key)
                          + " AND _event_id = ?")
+        self.encoder = RowEncoder(spec)
+        self.logged = False  # whether its row changes are logged (rowfeed.py); set by the hook's setup
+        self._delete_returning_sql = self.delete_sql + " RETURNING " + ", ".join(quote(c) for c in key)
+
+    def remove(self, cur: sqlite3.Cursor, removed: list[Removed]) -> list[tuple]:
+        """Delete the rows of removed events; returns the keys deleted when `logged` (else [])."""
+        if not self.logged:
+            cur.executemany(self.delete_sql, [self.delete_params(r) for r in removed])
+            return []
+        return [key for r in removed for key in cur.execute(self._delete_returning_sql, self.delete_params(r))]
 
     def delete_params(self, removed: Removed) -> tuple:
         """Parameters of `delete_sql` for one removed event row."""
         return (*(get(removed) for get in self._key_getters), removed.id.hex())
 
-    def write(self, cur: sqlite3.Cursor, events: list[Event], refusals: Refusals, replace: bool = False) -> int:
-        """Insert the rows of `events`; refused events go to `refusals`. Returns the rows written."""
+    def write(self, cur: sqlite3.Cursor, events: list[Event], refusals: Refusals, replace: bool = False,
+              written: list[tuple] | None = None) -> int:
+        """Insert the rows of `events`; refused events go to `refusals`; the rows written are added to `written`
+        if given. Returns the rows written."""
         name = self.spec.table
         groups: list[tuple[str, list[tuple]]] = []
         for event in events:
@@ -117,22 +131,25 @@ class PlainProjector:
         except _SQL_ERRORS:
             cur.executemany(self.undo_sql, [tuple(row[i] for i in self._key_positions) + (row[self._event_id_position],)
                                             for row in all_rows])
-            return self._write_one_by_one(cur, sql, groups, refusals)
+            return self._write_one_by_one(cur, sql, groups, refusals, [] if written is None else written)
+        if written is not None:
+            written.extend(all_rows)
         return len(all_rows)
 
     def _write_one_by_one(self, cur: sqlite3.Cursor, sql: str, groups: list[tuple[str, list[tuple]]],
-                          refusals: Refusals) -> int:
-        written = 0
+                          refusals: Refusals, written: list[tuple]) -> int:
+        count = 0
         for event_id, rows in groups:
             cur.execute("SAVEPOINT projector_event")
             try:
                 cur.executemany(sql, rows)
-                written += len(rows)
+                count += len(rows)
+                written.extend(rows)
             except _SQL_ERRORS as exc:
                 cur.execute("ROLLBACK TO projector_event")
                 refusals.append((self.spec.table, event_id, f"sqlite: {exc}"[:300]))
             cur.execute("RELEASE projector_event")
-        return written
+        return count
 
 
 def _removed_getter(identity: str) -> Callable[[Removed], object]:
@@ -175,7 +192,9 @@ def pending_reason(spec: AnySpec, record: dict | None, conn: sqlite3.Connection)
 class ProjectorHook:
     """Keeps every configured projector's tables equal to the projection of the stored events.
 
-    `specs`: plain and causal specs (unique names).  `max_refusals`: rows kept
+    `specs`: plain and causal specs (unique names).  `row_tables`: the plain
+    projectors' tables whose row changes are logged (`rowfeed.py`; a table
+    logged before and not named is no longer).  `max_refusals`: rows kept
     in `projector_refusals`.  `rebuild_batch`: events per rebuild transaction
     (per build step with `background`, where `build_batch` is used instead).
     After `setup`, `rebuilt` lists (name, reason) of the projectors rebuilt or
@@ -185,7 +204,7 @@ class ProjectorHook:
 
     def __init__(self, specs: Sequence[AnySpec], max_refusals: int = MAX_REFUSALS, rebuild_batch: int = REBUILD_BATCH,
                  clock: Callable[[], float] = time.time, background: bool = False,
-                 build_batch: int = BUILD_BATCH) -> None:
+                 build_batch: int = BUILD_BATCH, row_tables: Iterable[str] = ()) -> None:
         names = [s.name for s in specs]
         duplicate = next((n for n in names if names.count(n) > 1), None)
         if duplicate is not None:
@@ -196,6 +215,10 @@ class ProjectorHook:
             raise ValueError(f"table {clash!r} is written by two projectors")
         self.specs = tuple(specs)
         self.plain = [PlainProjector(s) for s in specs if isinstance(s, ProjectorSpec)]
+        self.row_tables = frozenset(row_tables)
+        unknown = self.row_tables - {p.spec.table for p in self.plain}
+        if unknown:
+            raise ValueError(f"row changes of {sorted(unknown)!r}: not tables of plain projectors")
         self.causal = [CausalEngine(s) for s in specs if isinstance(s, CausalSpec)]
         self.max_refusals = max_refusals
         self.rebuild_batch = rebuild_batch
@@ -237,6 +260,7 @@ class ProjectorHook:
                 self.builds.append(build)
             else:
                 build.finish(conn)
+        self._log_rows(conn)
         configured = {s.name for s in self.specs}
         for name, record in sorted(records.items()):
             if name in configured:
@@ -247,6 +271,16 @@ class ProjectorHook:
             if record.get("state") != "removed":
                 with transaction(conn) as cur:
                     write_meta(cur, name, {**record, "state": "removed"})
+
+    def _log_rows(self, conn: sqlite3.Connection) -> None:
+        """Start or stop logging row changes as `row_tables` says (a table's log starts with its rows)."""
+        with transaction(conn) as cur:
+            for table in rowfeed.logged_tables(cur) - self.row_tables:
+                rowfeed.disable(cur, table)
+            for projector in self.plain:
+                if projector.spec.table in self.row_tables:
+                    rowfeed.enable(cur, projector.spec)
+                    projector.logged = True
 
     # ---------------------------------------------------------------- the write transaction
 
@@ -268,10 +302,12 @@ class ProjectorHook:
         refusals: Refusals = []
         for kind in rem.keys() | ins.keys():
             for projector in by_kind.get(kind, ()):
-                if kind in rem:
-                    cur.executemany(projector.delete_sql, [projector.delete_params(r) for r in rem[kind]])
+                keys = projector.remove(cur, rem[kind]) if kind in rem else []
+                written: list[tuple] | None = [] if projector.logged else None
                 if kind in ins:
-                    projector.write(cur, ins[kind], refusals)
+                    projector.write(cur, ins[kind], refusals, written=written)
+                if projector.logged:
+                    rowfeed.log(cur, projector.encoder, keys, written, rowfeed.INSERT)
         for engine in self.causal:
             kind = engine.spec.kind
             if kind in rem or kind in ins:
