@@ -150,6 +150,22 @@ def test_reads_of_a_table_being_built_are_refused_with_the_progress(tmp_path):
     assert len(asyncio.run(run()).rows) == 13
 
 
+async def _respecified(path: Path, events: list, old, new) -> tuple:
+    """`events` projected with spec `old`; then the store opened again with `new`: (store, its one build)."""
+    await _stored(path, events)
+    store, _ = await open_store(path, [old])
+    await store.close()
+    store, hook = await open_store(path, [new], background=True, build_batch=5)
+    (build,) = hook.builds
+    return store, build
+
+
+async def _finish(store, build: Build) -> None:
+    while not await _step(store, build):
+        pass
+    await store.close()
+
+
 def test_a_spec_that_only_adds_fields_keeps_its_rows_and_fills_them(tmp_path):
     """profiles without `lud16`, built; then with it: the column is added, the rows stay while it is filled."""
     path = tmp_path / "relay.db"
@@ -158,18 +174,12 @@ def test_a_spec_that_only_adds_fields_keeps_its_rows_and_fills_them(tmp_path):
     events = [event(Keys(0x4000 + i), 0, {"name": f"p{i}", "lud16": f"z{i}@x"}, created_at=1000) for i in range(20)]
 
     async def run():
-        await _stored(path, events)
-        store, _ = await open_store(path, [narrow])
-        await store.close()
-        store, hook = await open_store(path, [wider], background=True, build_batch=5)
-        (build,) = hook.builds
+        store, build = await _respecified(path, events, narrow, wider)
         assert build.progress["fill"] is True
         assert rows(path, "SELECT count(*), count(zap) FROM profiles")[0] == (20, 0)  # kept, not yet filled
         await _step(store, build)
         assert rows(path, "SELECT count(*), count(zap) FROM profiles")[0] == (20, 5)
-        while not await _step(store, build):
-            pass
-        await store.close()
+        await _finish(store, build)
 
     asyncio.run(run())
     assert problems(path, [wider]) == []
@@ -183,16 +193,10 @@ def test_a_changed_field_rebuilds_from_empty(tmp_path):
         FieldSpec(f.name, f.type, "content.display_name") if f.name == "name" else f for f in PROFILES.fields))
 
     async def run():
-        await _stored(path, _notes(12))
-        store, _ = await open_store(path, [PROFILES])
-        await store.close()
-        store, hook = await open_store(path, [changed], background=True, build_batch=5)
-        (build,) = hook.builds
+        store, build = await _respecified(path, _notes(12), PROFILES, changed)
         assert build.progress["fill"] is False
         assert rows(path, "SELECT count(*) FROM profiles")[0][0] == 0
-        while not await _step(store, build):
-            pass
-        await store.close()
+        await _finish(store, build)
 
     asyncio.run(run())
     assert problems(path, [changed]) == []
