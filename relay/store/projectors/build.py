@@ -99,11 +99,6 @@ class Build:
         self._delete_event_sql = (f"DELETE FROM {quote(projector.spec.table)} WHERE _event_id = ? RETURNING "
                                   + ", ".join(quote(c) for c in projector.spec.key_columns()))
 
-    @property
-    def name(self) -> str:
-        """The projector's name."""
-        return self.projector.spec.name
-
     @classmethod
     def start(cls, conn: sqlite3.Connection, projector: Writes, current: dict, record: dict | None, reason: str,
               batch: int, max_refusals: int, clock: Callable[[], float] = time.time) -> Build:

@@ -66,9 +66,11 @@ class RowEncoder:
         return tuple(row[i] for i in self.key_positions)
 
     def key_json(self, key: Sequence) -> bytes:
+        """`{column: value}` of a key (as `key_of` gives it), JSON bytes."""
         return orjson.dumps(dict(zip(self.spec.key_columns(), key)))
 
     def row_json(self, row: Sequence) -> bytes:
+        """`{column: value}` of every column of a stored row, in table order, JSON bytes."""
         return orjson.dumps({column: row[i] for column, i in self._row_positions})
 
 
