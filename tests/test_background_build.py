@@ -109,15 +109,16 @@ def test_a_relay_serves_while_a_projector_is_built(tmp_path, big_store):
     config, port = _config(tmp_path, big_store, 1)  # long enough for three CLI runs
     with Served(tmp_path, "--config", config) as served:
         served.wait_health(port)
-        assert http_get(port, "/health")[0] == 200
+        assert http_get(port, "/health")[0] == 200  # listening: the build did not hold the start back
         progress = _progress(tmp_path)
         assert progress is not None and progress["total"] == NOTES, progress  # answered during the build
         status, body = _table(port)
         assert status == 503 and body["error"] == "building", body
         assert set(body["progress"]) == {"done", "total"} and body["progress"]["total"] == NOTES
-        with ThreadPoolExecutor(3) as pool:  # at once: the build goes on meanwhile
-            status, verify, query = pool.map(lambda args: relay_cli(*args, "--config", config),
-                                             [("status", "--json"), ("verify",), ("query", "notes")])
+        with ThreadPoolExecutor(4) as pool:  # at once: the build goes on meanwhile
+            status, listed, verify, query = pool.map(lambda args: relay_cli(*args, "--config", config), [
+                ("status", "--json"), ("projectors", "list"), ("verify",), ("query", "notes")])
+        assert f" of {NOTES})" in next(line for line in listed.stdout.splitlines() if line.startswith("notes "))
         state = json.loads(status.stdout)["projectors"][0]["state"]
         assert state.startswith("building (") and state.endswith(f" of {NOTES})"), state
         assert verify.returncode == 3, verify.stdout + verify.stderr
