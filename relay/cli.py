@@ -59,7 +59,10 @@ def _parser() -> argparse.ArgumentParser:
     changes.add_argument("--since", type=_cursor, metavar="CURSOR",
                          help="print the changes after this cursor (default: the oldest kept)")
     changes.add_argument("--follow", action="store_true", help="keep printing new changes until interrupted")
-    changes.add_argument("--kinds", type=_kinds, metavar="K,...", help="only changes of these event kinds")
+    only = changes.add_mutually_exclusive_group()
+    only.add_argument("--kinds", type=_kinds, metavar="K,...", help="only changes of these event kinds")
+    only.add_argument("--table", metavar="NAME", help="the rows of this projected table inserted, replaced and "
+                      "removed instead (one of [store] row_change_tables)")
     key = commands.add_parser("key", parents=[common], help="print a node's pubkey (--file: creating that key file if absent)")
     key.add_argument("--file", type=Path, help="the key file (default: sync.secret_key_file, else sync.key beside the db)")
     backup = commands.add_parser("backup", parents=[common], help="write a consistent copy of the database "
@@ -267,7 +270,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "changes":
         from relay.commands.changes import run_changes
 
-        return run_changes(config, args.since, args.follow, args.kinds)
+        return run_changes(config, args.since, args.follow, args.kinds, args.table)
     if args.command == "key":
         from relay.commands.key import run_key
         from relay.keys import key_path

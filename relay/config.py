@@ -28,7 +28,7 @@ from relay.protocol.auth import relay_url_key
 from relay.protocol.event import EventLimits
 from relay.protocol.filters import MAX_SEARCH_BYTES
 from relay.store.projectors.builtin import builtin_projectors  # [[projectors]]
-from relay.store.projectors.engine import MAX_REFUSALS, REBUILD_BATCH
+from relay.store.projectors.engine import BUILD_BATCH, MAX_REFUSALS, REBUILD_BATCH
 from relay.store.projectors.causal import CausalSpec  # [[causal_projectors]]
 from relay.store.projectors.causal_toml import parse_causal  # [[causal_projectors]]
 from relay.store.projectors.spec import ProjectorSpec, SpecError, parse_specs  # [[projectors]]
@@ -106,6 +106,13 @@ def _parse_list(name: str, value: Any, item: str) -> tuple:
                 ipaddress.ip_network(v, strict=False)
             except (TypeError, ValueError):
                 raise ConfigError(f"{name}: must hold IP addresses or networks, got {v!r}") from None
+    return tuple(value)
+
+
+def _parse_names(name: str, value: Any) -> tuple[str, ...]:
+    """An array of names (strings)."""
+    if type(value) not in (list, tuple) or not all(type(v) is str for v in value):
+        raise ConfigError(f"{name}: must be an array of names")
     return tuple(value)
 
 
@@ -213,6 +220,10 @@ class StoreConfig:
                                       min=1)
     projector_rebuild_batch: int = key(REBUILD_BATCH, "[[projectors]]: events per rebuild transaction",
                                        unit="events", min=1)
+    row_change_tables: tuple[str, ...] = key((), "[[projectors]] tables whose row changes are logged for "
+                                             "`relay changes --table`", parse=_parse_names)
+    projector_build_batch: int = key(BUILD_BATCH, "[[projectors]]: events per step of a build while the relay "
+                                     "serves", unit="events", min=1)
 
     def options(self, read_connections: int | None = None, relay_url: str = "") -> StoreOptions:
         """The Store's options; `read_connections` overrides the pool size (offline commands need one);
@@ -751,6 +762,9 @@ def _check_projector_names(projectors: tuple[ProjectorSpec | CausalSpec, ...]) -
 
 def _check_consistency(config: Config) -> None:
     _check_projector_names(config.projectors)
+    plain = {s.table for s in config.projectors if isinstance(s, ProjectorSpec)}
+    if unknown := [t for t in config.store.row_change_tables if t not in plain]:
+        raise ConfigError(f"store.row_change_tables: {unknown[0]!r} is not a [[projectors]] table")
     limits = config.limits
     if limits.default_limit > limits.max_limit:
         raise ConfigError("limits.default_limit: must not exceed limits.max_limit")

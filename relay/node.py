@@ -45,6 +45,7 @@ from relay.server.app import RelayServer
 from relay.server.wire.http import HttpRequest, HttpResponse
 from relay.status_page import StatusPage
 from relay.store.location import DatabaseUnusable, check_location
+from relay.store.projectors.background import build_in_background
 from relay.store.projectors.engine import ProjectorHook
 from relay.store.store import Store
 from relay.store.writes import Changes
@@ -57,15 +58,17 @@ _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 _MMAP_THRESHOLD_BYTES = 1_048_576
 
 
-async def open_store(config: Config, read_connections: int | None = None) -> Store:
+async def open_store(config: Config, read_connections: int | None = None, background_builds: bool = False) -> Store:
     """The store of `config` (`[store] path`), with its transaction hooks, for writing.
 
     `read_connections` overrides `[store] read_connections` (offline commands
     need one or two).  Each hook's `setup` runs here: a projector that is new
-    or changed is rebuilt first, which can take a while on a large store.
+    or changed is built first, which can take a while on a large store, unless
+    `background_builds` (`Node`) leaves its build for later (`ProjectorHook.builds`).
     """
     s = config.store
-    return await Store.open(s.path, s.options(read_connections, config.server.public_url), hooks(config))
+    return await Store.open(s.path, s.options(read_connections, config.server.public_url),
+                            hooks(config, background_builds))
 
 
 class Node:
@@ -100,7 +103,7 @@ class Node:
         config = self.config
         if config.sync.peers:  # the key peers' AUTH needs, checked before anything opens or listens
             node_key(config)
-        self.store = store = await open_store(config)
+        self.store = store = await open_store(config, background_builds=True)
         store.add_listener(self._on_commit)
         store.on_batch = self.metrics.writer_batch
         self.moderation = await Moderation.open(store, config, runs_purges=True)  # (resumes purges cut short)
@@ -132,6 +135,9 @@ class Node:
             self._background.append(asyncio.create_task(retention_forever(store, config), name="retention"))
         log.info("relay_started", url=self.url, db=str(config.store.path))
         projectors = next((h for h in store.hooks if isinstance(h, ProjectorHook)), None)
+        if projectors is not None and projectors.builds:  # new or changed projectors, built while serving
+            self._background.append(asyncio.create_task(build_in_background(store, projectors.builds),
+                                                        name="projector-builds"))
         self.metrics.watch(store, self.server, projectors)
         self.metrics.watch_policies(self.ingest.policies)
         self.sync = await start_sync(config, store, self.ingest)

@@ -71,8 +71,8 @@ def projector_states(conn: sqlite3.Connection, config: Config) -> list[dict]:
     """Each configured projector, then each one remembered in the database but no longer configured.
 
     Shape: `{"name", "kind", "revision", "state", "rows", "refusals", "tables"}`;
-    `state` is "current", "pending (<why it will be rebuilt>)" or "removed
-    from the configuration (table kept)"; `rows` counts rows of its tables,
+    `state` is "current", "building (<n> of <N>)" (events, relay/store/projectors/build.py),
+    "pending (<why it will be rebuilt>)" or "removed from the configuration (table kept)"; `rows` counts rows of its tables,
     `refusals` the events in the refusal log.
     """
     records = read_meta(conn)
@@ -90,7 +90,8 @@ def projector_states(conn: sqlite3.Connection, config: Config) -> list[dict]:
 
 
 def _state(conn, name, kind, revision, refused, reason, tables) -> dict:
-    state = "current" if reason is None else (reason if reason.startswith("removed") else f"pending ({reason})")
+    state = "current" if reason is None else (reason if reason.startswith(("removed", "building"))
+                                              else f"pending ({reason})")
     rows = sum(conn.execute(f"SELECT count(*) FROM {quote(t)}").fetchone()[0] for t in tables
                if table_exists(conn, t))
     return {"name": name, "kind": kind, "revision": revision, "state": state, "rows": rows,

@@ -1,4 +1,5 @@
-"""`relay changes [--since CURSOR] [--follow] [--kinds K,...]`: the change feed (relay/store/feed.py) as JSON lines.
+"""`relay changes [--since CURSOR] [--follow] [--kinds K,... | --table NAME]`: the change feed (relay/store/feed.py),
+or the row changes of one projected table (relay/store/projectors/rowfeed.py), as JSON lines.
 
 Reads the database read-only, in short read transactions, so it runs beside
 `relay serve` (or any writer) and never holds a WAL snapshot between polls.
@@ -9,10 +10,13 @@ from __future__ import annotations
 import sqlite3
 import sys
 import time
+from dataclasses import dataclass
+from typing import Protocol
 
 from relay.commands.projectors import open_readonly
 from relay.config import Config
 from relay.store import feed
+from relay.store.projectors import rowfeed
 from relay.store.db import read_transaction
 
 PAGE = 1000  # changes read per read transaction
@@ -20,34 +24,77 @@ POLL_SECONDS = 0.25  # with --follow, time between reads once the feed is caught
 STALE_EXIT = 3
 
 
-def _page(conn: sqlite3.Connection, since: int, kinds: frozenset[int] | None) -> tuple[list[feed.Change], int]:
+class _Feed(Protocol):
+    """The event feed (relay/store/feed.py) or one table's row feed (relay/store/projectors/rowfeed.py)."""
+
+    def oldest(self, conn: sqlite3.Connection) -> int: ...
+
+    def head(self, conn: sqlite3.Connection) -> int: ...
+
+    def read(self, conn: sqlite3.Connection, since: int, limit: int) -> list: ...
+
+
+@dataclass(frozen=True)
+class _Events:
+    kinds: frozenset[int] | None
+
+    def oldest(self, conn: sqlite3.Connection) -> int:
+        return feed.oldest(conn)
+
+    def head(self, conn: sqlite3.Connection) -> int:
+        return feed.head(conn)
+
+    def read(self, conn: sqlite3.Connection, since: int, limit: int) -> list[feed.Change]:
+        return feed.read(conn, since, limit, self.kinds)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    table: str
+
+    def oldest(self, conn: sqlite3.Connection) -> int:
+        return rowfeed.oldest(conn, self.table)
+
+    def head(self, conn: sqlite3.Connection) -> int:
+        return rowfeed.head(conn)
+
+    def read(self, conn: sqlite3.Connection, since: int, limit: int) -> list[rowfeed.RowChange]:
+        return rowfeed.read(conn, self.table, since, limit)
+
+
+def _page(conn: sqlite3.Connection, since: int, source: _Feed) -> tuple[list, int]:
     """(the next changes after `since`, the cursor to read on from) in one snapshot.
 
-    A short page means that snapshot had nothing more: the cursor moves to its head, so that with `kinds` the
-    next poll does not scan again the changes of other kinds.
+    A short page means that snapshot had nothing more: the cursor moves to its head, so that with `kinds` (or a
+    table) the next poll does not scan again the changes of other kinds (or tables).
     """
     with read_transaction(conn):
-        changes = feed.read(conn, since, PAGE, kinds)
+        changes = source.read(conn, since, PAGE)
         if len(changes) < PAGE:
-            return changes, max(since, feed.head(conn))
+            return changes, max(since, source.head(conn))
     return changes, changes[-1].cursor
 
 
-def run_changes(config: Config, since: int | None, follow: bool, kinds: frozenset[int] | None) -> int:
+def run_changes(config: Config, since: int | None, follow: bool, kinds: frozenset[int] | None,
+                table: str | None = None) -> int:
     """Print every change after `since` (default: the oldest kept), one JSON object a line; with `follow`, keep
-    polling for new ones until interrupted.
+    polling for new ones until interrupted.  With `table`, the changes of that projected table's rows
+    (`{"cursor", "op": "insert"|"replace"|"remove", "table", "key", "row"?}`, relay/store/projectors/rowfeed.py)
+    instead of events.
 
-    Exit 0 when done, 1 when there is no readable relay database, 3 (`cursor N is older than the oldest kept,
-    M` on stderr) when changes after `since` are no longer kept.
+    Exit 0 when done, 1 when there is no readable relay database, 2 when `table`'s row changes are not
+    logged (`[store] row_change_tables`), 3 (`cursor N is older than the oldest kept, M` on stderr) when
+    changes after `since` are no longer kept (for a table: also when it was built again from empty since).
     """
     conn = open_readonly(config.store.path)
     if conn is None:
         return 1
     out = sys.stdout.buffer
+    source: _Feed = _Events(kinds) if table is None else _Rows(table)
     try:
-        cursor = feed.oldest(conn) if since is None else since
+        cursor = source.oldest(conn) if since is None else since
         while True:
-            changes, cursor = _page(conn, cursor, kinds)
+            changes, cursor = _page(conn, cursor, source)
             out.write(b"".join(change.as_json() + b"\n" for change in changes))
             out.flush()
             if len(changes) < PAGE:
@@ -57,6 +104,9 @@ def run_changes(config: Config, since: int | None, follow: bool, kinds: frozense
     except feed.StaleCursor as exc:
         print(exc, file=sys.stderr)
         return STALE_EXIT
+    except rowfeed.NotLogged as exc:
+        print(f"relay changes: {exc}", file=sys.stderr)
+        return 2
     except sqlite3.OperationalError as exc:  # e.g. a database not yet migrated to the change feed
         print(f"relay changes: {exc}", file=sys.stderr)
         return 1

@@ -24,12 +24,13 @@ from relay.commands.search import check_search, print_search_check
 from relay.store import db
 from relay.store.negentropy import IndexCheck, NegentropyIndex, verify_index
 from relay.store.projectors.engine import force_rebuild
-from relay.store.projectors.tables import ensure_store_tables, quote, read_meta, table_exists
+from relay.store.projectors.tables import build_progress, ensure_store_tables, quote, read_meta, table_exists
 from relay.store.projectors.verify import verify
 from relay.store.records import Page, RecordQueryError, TableView, views
 from relay.status import has_refusal_log, projector_states, recent_refusals
 
 SHOWN_PER_KIND = 10  # keys listed per table and per kind of problem
+BUILDING_EXIT = 3  # `relay verify` and `relay query`: a projector is being built (relay/store/projectors/build.py)
 
 
 def open_readonly(path: str) -> sqlite3.Connection | None:
@@ -51,15 +52,18 @@ def run_verify(config: Config) -> int:
     and compare.
 
     Prints one line per table ("ok" or counts of missing, orphan and
-    mismatched rows, with up to 10 keys of each), then one per indexed
-    filter, then one for the search index, and returns 0 when everything agrees, 1 when anything does not,
-    2 when there is no database.
+    mismatched rows, with up to 10 keys of each; "building (n of N events)"
+    for a projector being built, not checked), then one per indexed filter,
+    then one for the search index, and returns 0 when everything agrees, 1
+    when anything does not, 2 when there is no database, and
+    BUILDING_EXIT (3) when everything checked agrees but a projector is still being built.
     """
     conn = open_readonly(config.store.path)
     if conn is None:
         return 2
     with closing(conn):
-        checks = verify(conn, config.projectors)
+        building = {s.name: p for s in config.projectors if (p := build_progress(conn, s.name)) is not None}
+        checks = verify(conn, [s for s in config.projectors if s.name not in building])
         refused = dict(conn.execute("SELECT projector, count(*) FROM projector_refusals GROUP BY projector")
                        .fetchall()) if has_refusal_log(conn) else {}
         removed = [name for name in read_meta(conn) if name not in {s.name for s in config.projectors}]
@@ -87,11 +91,15 @@ def run_verify(config: Config) -> int:
                 print(f"  ... and {len(keys) - SHOWN_PER_KIND} more {what}")
     for name in removed:
         print(f"{name}: no longer configured (table kept, not maintained, not checked)")
+    for name, progress in building.items():
+        print(f"{name}: building ({progress['done']} of {progress['total']} events), not checked")
     print(f"relay verify: {len(checks) - bad} of {len(checks)} projected tables agree with the events"
           + ("" if not bad else f"; {bad} do not"))
     indexes_ok = _print_index_checks(index_checks)
     search_ok = print_search_check(search_check, config)
-    return 1 if bad or not indexes_ok or not search_ok else 0
+    if bad or not indexes_ok or not search_ok:
+        return 1
+    return BUILDING_EXIT if building else 0
 
 
 def _print_index_checks(checks: list[IndexCheck]) -> bool:
@@ -193,7 +201,8 @@ def run_query(config: Config, table: str, where: str | None, output: str, limit:
     projector's rows by key or indexed columns with bound parameters
     (relay/store/records.py), and when more rows follow, prints the `--after`
     cursor of the next page on stderr.
-    Returns 2 for a table that is not projected, a bad expression or a bad parameter (named).
+    Returns 2 for a table that is not projected, a bad expression or a bad parameter (named), BUILDING_EXIT (3)
+    while its projector is being built.
     """
     conn = open_readonly(config.store.path)
     if conn is None:
@@ -205,6 +214,11 @@ def run_query(config: Config, table: str, where: str | None, output: str, limit:
             print(f"relay query: {table!r} is not a projected table (known: {', '.join(sorted(known)) or 'none'})",
                   file=sys.stderr)
             return 2
+        owner = next((s.name for s in config.projectors if table in s.table_names), None)
+        if owner is not None and (progress := build_progress(conn, owner)) is not None:
+            print(f"relay query: {table} is being built ({progress['done']} of {progress['total']} events); "
+                  "try again when it is done", file=sys.stderr)
+            return BUILDING_EXIT
         if keyset is not None:
             return _keyset_query(conn, views(config.projectors).get(table), keyset, output, limit)
         sql = f"SELECT * FROM {quote(table)}"

@@ -7,7 +7,8 @@ the store's read connections (relay/store/records.py: keyset pagination).
 A request takes a token of its client IP's REQ bucket (`[rate_limits]`, as a
 `REQ` does); tables of `[auth] private_kinds` are never served (NIP-42: such
 events go only to their author or recipient, and their rows would show them).
-Every refusal is JSON, `{"error": "<NIP-01 prefix>: ...", "parameter": NAME}` (no "parameter" in a 429).
+Every refusal is JSON, `{"error": "<NIP-01 prefix>: ...", "parameter": NAME}` (no "parameter" in a 429);
+a table whose projector is being built answers 503 `{"error": "building", "progress": {"done", "total"}}`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import orjson
 from relay.config import Config
 from relay.server.ratelimit import REFUSALS, REQS, RateLimits
 from relay.server.wire.http import HttpRequest, HttpResponse, Routes
-from relay.store.records import DEFAULT_LIMIT, RecordQueryError, Records
+from relay.store.records import DEFAULT_LIMIT, RecordQueryError, Records, TableBuilding
 from relay.store.store import Store
 
 PATH = "/tables"
@@ -61,6 +62,9 @@ class TablesApi:
             page = await self.records.query_records(name, where, order_by, limit, after)
         except RecordQueryError as exc:
             return _refusal(HTTPStatus.BAD_REQUEST, exc.parameter, f"invalid: {exc}")
+        except TableBuilding as exc:  # try again later: the rows are not all there yet
+            body = {"error": "building", "progress": exc.progress}
+            return HttpResponse(HTTPStatus.SERVICE_UNAVAILABLE, orjson.dumps(body), "application/json")
         body = {"table": name, "rows": page.rows, "next": page.next}
         return HttpResponse(HTTPStatus.OK, orjson.dumps(body), "application/json")
 

@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from relay.store.projectors.spec import ProjectorSpec
-from relay.store.projectors.tables import quote
+from relay.store.projectors.tables import build_progress, quote
 from relay.store.store import Store
 
 DEFAULT_LIMIT = 100
@@ -46,6 +46,18 @@ class RecordQueryError(ValueError):
         super().__init__(f"{parameter}: {message}")
         self.parameter = parameter
         self.message = message
+
+
+class TableBuilding(RuntimeError):
+    """The table's projector is being built (projectors/build.py): its rows are not all there yet.
+
+    `progress` is {"done", "total"}: events of the projector's kind built so far, and to build.
+    """
+
+    def __init__(self, table: str, progress: dict) -> None:
+        super().__init__(f"{table} is being built ({progress['done']} of {progress['total']} events)")
+        self.table = table
+        self.progress = progress
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +199,7 @@ class Records:
     def __init__(self, store: Store, specs: Iterable[object], private_kinds: Iterable[int] = ()) -> None:
         self.store = store
         self.tables = views(specs, private_kinds)
+        self._projector = {s.table: s.name for s in specs if isinstance(s, ProjectorSpec)}
 
     def view(self, table: str) -> TableView:
         """The view of `table`.
@@ -201,8 +214,12 @@ class Records:
         return found
 
     async def get_record(self, table: str, pk: Mapping[str, object]) -> dict[str, Any] | None:
-        """The row of `table` whose key columns equal `pk` ({column: value}), or None (see `TableView.get`)."""
-        return await self.store.read_snapshot(self.view(table).get, pk)
+        """The row of `table` whose key columns equal `pk` ({column: value}), or None (see `TableView.get`).
+
+        Raises:
+            TableBuilding: its projector is being built.
+        """
+        return await self.store.read_snapshot(self._when_built, table, self.view(table).get, pk)
 
     async def query_records(self, table: str, where: Mapping[str, object] | None = None, order_by: str | None = None,
                             limit: int = DEFAULT_LIMIT, after: str | None = None) -> Page:
@@ -210,10 +227,19 @@ class Records:
 
         Raises:
             RecordQueryError: naming the parameter at fault ("limit" below 1).
+            TableBuilding: its projector is being built.
         """
         if type(limit) is not int or limit < 1:
             raise RecordQueryError("limit", f"must be an integer >= 1, got {limit!r}")
-        return await self.store.read_snapshot(self.view(table).query, dict(where or {}), order_by, limit, after)
+        return await self.store.read_snapshot(self._when_built, table, self.view(table).query, dict(where or {}),
+                                              order_by, limit, after)
+
+    def _when_built(self, conn: sqlite3.Connection, table: str, read, *args):
+        # In the read's own snapshot: a build that finishes meanwhile is seen finished or not at all.
+        progress = build_progress(conn, self._projector[table])
+        if progress is not None:
+            raise TableBuilding(table, progress)
+        return read(conn, *args)
 
 
 def views(specs: Iterable[object], private_kinds: Iterable[int] = ()) -> dict[str, TableView]:
@@ -276,4 +302,4 @@ def _typed(column: str, type_: str, value: object) -> object:
     return value
 
 
-__all__ = ["DEFAULT_LIMIT", "Page", "RecordQueryError", "Records", "TableView", "decode_cursor", "encode_cursor", "views"]
+__all__ = ["DEFAULT_LIMIT", "Page", "RecordQueryError", "Records", "TableBuilding", "TableView", "decode_cursor", "encode_cursor", "views"]

@@ -3,10 +3,14 @@
 How this works.  `ProjectorHook` is a `writes.TransactionHook`.  At open
 (`setup`), each projector's spec hash and revision are compared with the
 record in `meta`: an unchanged projector costs one lookup, a new or changed
-one is rebuilt from `events` in batches (one transaction each, progress in
-the log; the record says "building" until the last batch commits, so a crash
-mid-way rebuilds again at the next start).  A projector in `meta` that is no
-longer configured is reported and its table left alone.
+plain one is built from `events` in steps that resume after a crash
+(`build.py`): with `background`, a build longer than one step is left in
+`builds` for `background.build_in_background` to run through the writer while the
+relay serves; else (offline commands) it finishes here.  A causal projector
+is rebuilt here in batches (the record says "building" until the last batch
+commits, so a crash mid-way rebuilds it again at the next start).  A
+projector in `meta` that is no longer configured is reported and its table
+left alone.
 
 In every write transaction (`apply`), with `Changes.net()`:
   1. rows of removed events (superseded, deleted, expired) are deleted, by
@@ -25,22 +29,24 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from operator import itemgetter
 
 import structlog
 
 from relay.protocol.event import Event
 from relay.store.projectors import causal as causal_mod
+from relay.store.projectors import rowfeed
+from relay.store.projectors.build import Build, events_by_seq, progress_of
 from relay.store.projectors.causal import CausalEngine, CausalSpec, causal_hash
-from relay.store.projectors.rows import Refusal, RowMaker, stored_event
-from relay.store.projectors.spec import ProjectorSpec, column_identity, spec_hash
+from relay.store.projectors.rows import Refusal, RowMaker
+from relay.store.projectors.rowfeed import RowEncoder
+from relay.store.projectors.spec import ProjectorSpec, column_identity, shape_hash, spec_hash
 from relay.store.projectors.tables import (
     ensure_store_tables,
     quote,
     read_meta,
     record_refusals,
-    sync_schema,
     table_exists,
     write_meta,
 )
@@ -56,6 +62,8 @@ MAX_REFUSALS = 10_000
 """Rows kept in `projector_refusals` by default (the `[store] max_projector_refusals` default)."""
 REBUILD_BATCH = 10_000
 """Events per rebuild transaction by default (the `[store] projector_rebuild_batch` default)."""
+BUILD_BATCH = 2_000
+"""Events per step of a background build by default (the `[store] projector_build_batch` default)."""
 
 
 class PlainProjector:
@@ -78,13 +86,25 @@ class PlainProjector:
         self._event_id_position = spec.stored_columns.index(spec.aliases.get("_event_id", "_event_id"))
         self.undo_sql = (f"DELETE FROM {table} WHERE " + " AND ".join(f"{quote(c)} = ?" for c in key)
                          + " AND _event_id = ?")
+        self.encoder = RowEncoder(spec)
+        self.logged = False  # whether its row changes are logged (rowfeed.py); set by the hook's setup
+        self._delete_returning_sql = self.delete_sql + " RETURNING " + ", ".join(quote(c) for c in key)
+
+    def remove(self, cur: sqlite3.Cursor, removed: list[Removed]) -> list[tuple]:
+        """Delete the rows of removed events; returns the keys deleted when `logged` (else [])."""
+        if not self.logged:
+            cur.executemany(self.delete_sql, [self.delete_params(r) for r in removed])
+            return []
+        return [key for r in removed for key in cur.execute(self._delete_returning_sql, self.delete_params(r))]
 
     def delete_params(self, removed: Removed) -> tuple:
         """Parameters of `delete_sql` for one removed event row."""
         return (*(get(removed) for get in self._key_getters), removed.id.hex())
 
-    def write(self, cur: sqlite3.Cursor, events: list[Event], refusals: Refusals, replace: bool = False) -> int:
-        """Insert the rows of `events`; refused events go to `refusals`. Returns the rows written."""
+    def write(self, cur: sqlite3.Cursor, events: list[Event], refusals: Refusals, replace: bool = False,
+              written: list[tuple] | None = None) -> int:
+        """Insert the rows of `events`; refused events go to `refusals`; the rows written are added to `written`
+        if given. Returns the rows written."""
         name = self.spec.table
         groups: list[tuple[str, list[tuple]]] = []
         for event in events:
@@ -111,22 +131,25 @@ class PlainProjector:
         except _SQL_ERRORS:
             cur.executemany(self.undo_sql, [tuple(row[i] for i in self._key_positions) + (row[self._event_id_position],)
                                             for row in all_rows])
-            return self._write_one_by_one(cur, sql, groups, refusals)
+            return self._write_one_by_one(cur, sql, groups, refusals, [] if written is None else written)
+        if written is not None:
+            written.extend(all_rows)
         return len(all_rows)
 
     def _write_one_by_one(self, cur: sqlite3.Cursor, sql: str, groups: list[tuple[str, list[tuple]]],
-                          refusals: Refusals) -> int:
-        written = 0
+                          refusals: Refusals, written: list[tuple]) -> int:
+        count = 0
         for event_id, rows in groups:
             cur.execute("SAVEPOINT projector_event")
             try:
                 cur.executemany(sql, rows)
-                written += len(rows)
+                count += len(rows)
+                written.extend(rows)
             except _SQL_ERRORS as exc:
                 cur.execute("ROLLBACK TO projector_event")
                 refusals.append((self.spec.table, event_id, f"sqlite: {exc}"[:300]))
             cur.execute("RELEASE projector_event")
-        return written
+        return count
 
 
 def _removed_getter(identity: str) -> Callable[[Removed], object]:
@@ -142,14 +165,17 @@ def record_for(spec: AnySpec, state: str) -> dict:
     if isinstance(spec, CausalSpec):
         return {"type": "causal", "hash": causal_hash(spec), "revision": spec.revision, "state": state,
                 "kind": spec.kind, "tables": list(spec.table_names)}
+    # fields and shape: a later spec that only adds fields is filled, not rebuilt (build.adds_fields_only)
     return {"type": "plain", "hash": spec_hash(spec), "revision": spec.revision, "state": state,
-            "kind": spec.kind, "tables": [spec.table]}
+            "kind": spec.kind, "tables": [spec.table], "fields": spec.to_dict()["fields"], "shape": shape_hash(spec)}
 
 
 def pending_reason(spec: AnySpec, record: dict | None, conn: sqlite3.Connection) -> str | None:
     """Why `spec` needs a rebuild given its `meta` record ("new", "spec changed", ...), or None when current."""
     if record is None:
         return "new"
+    if (progress := progress_of(record, record_for(spec, "current"))) is not None:
+        return f"building ({progress['done']} of {progress['total']})"
     if record.get("state") != "current":
         return f"state {record.get('state')}"
     expected = record_for(spec, "current")
@@ -166,14 +192,19 @@ def pending_reason(spec: AnySpec, record: dict | None, conn: sqlite3.Connection)
 class ProjectorHook:
     """Keeps every configured projector's tables equal to the projection of the stored events.
 
-    `specs`: plain and causal specs (unique names).  `max_refusals`: rows kept
-    in `projector_refusals`.  `rebuild_batch`: events per rebuild transaction.
-    After `setup`, `rebuilt` lists (name, reason) of the projectors rebuilt and
-    `removed` the names found in `meta` but no longer configured.
+    `specs`: plain and causal specs (unique names).  `row_tables`: the plain
+    projectors' tables whose row changes are logged (`rowfeed.py`; a table
+    logged before and not named is no longer).  `max_refusals`: rows kept
+    in `projector_refusals`.  `rebuild_batch`: events per rebuild transaction
+    (per build step with `background`, where `build_batch` is used instead).
+    After `setup`, `rebuilt` lists (name, reason) of the projectors rebuilt or
+    being built, `builds` the builds left for the background (`background`
+    only), and `removed` the names found in `meta` but no longer configured.
     """
 
     def __init__(self, specs: Sequence[AnySpec], max_refusals: int = MAX_REFUSALS, rebuild_batch: int = REBUILD_BATCH,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, background: bool = False,
+                 build_batch: int = BUILD_BATCH, row_tables: Iterable[str] = ()) -> None:
         names = [s.name for s in specs]
         duplicate = next((n for n in names if names.count(n) > 1), None)
         if duplicate is not None:
@@ -184,6 +215,10 @@ class ProjectorHook:
             raise ValueError(f"table {clash!r} is written by two projectors")
         self.specs = tuple(specs)
         self.plain = [PlainProjector(s) for s in specs if isinstance(s, ProjectorSpec)]
+        self.row_tables = frozenset(row_tables)
+        unknown = self.row_tables - {p.spec.table for p in self.plain}
+        if unknown:
+            raise ValueError(f"row changes of {sorted(unknown)!r}: not tables of plain projectors")
         self.causal = [CausalEngine(s) for s in specs if isinstance(s, CausalSpec)]
         self.max_refusals = max_refusals
         self.rebuild_batch = rebuild_batch
@@ -192,6 +227,9 @@ class ProjectorHook:
         for p in self.plain:
             self._plain_by_kind.setdefault(p.spec.kind, []).append(p)
         self._causal_kinds = {c.spec.kind for c in self.causal}
+        self.background = background
+        self.build_batch = build_batch
+        self.builds: list[Build] = []
         self.rebuilt: list[tuple[str, str]] = []
         self.removed: list[str] = []
         # projector name -> events refused since start (metrics); every name from the start, at 0
@@ -208,10 +246,21 @@ class ProjectorHook:
         ensure_store_tables(conn)
         records = read_meta(conn)
         for spec in self.specs:
-            reason = pending_reason(spec, records.get(spec.name), conn)
-            if reason is not None:
+            record = records.get(spec.name)
+            reason = pending_reason(spec, record, conn)
+            if reason is None:
+                continue
+            self.rebuilt.append((spec.name, reason))
+            if isinstance(spec, CausalSpec):
                 rebuild(conn, spec, reason, self.rebuild_batch, self.max_refusals, self.clock)
-                self.rebuilt.append((spec.name, reason))
+                continue
+            batch = self.build_batch if self.background else self.rebuild_batch
+            build = start_build(conn, spec, record, reason, batch, self.max_refusals, self.clock)
+            if self.background and build.remaining > batch:
+                self.builds.append(build)
+            else:
+                build.finish(conn)
+        self._log_rows(conn)
         configured = {s.name for s in self.specs}
         for name, record in sorted(records.items()):
             if name in configured:
@@ -222,6 +271,16 @@ class ProjectorHook:
             if record.get("state") != "removed":
                 with transaction(conn) as cur:
                     write_meta(cur, name, {**record, "state": "removed"})
+
+    def _log_rows(self, conn: sqlite3.Connection) -> None:
+        """Start or stop logging row changes as `row_tables` says (a table's log starts with its rows)."""
+        with transaction(conn) as cur:
+            for table in rowfeed.logged_tables(cur) - self.row_tables:
+                rowfeed.disable(cur, table)
+            for projector in self.plain:
+                if projector.spec.table in self.row_tables:
+                    rowfeed.enable(cur, projector.spec)
+                    projector.logged = True
 
     # ---------------------------------------------------------------- the write transaction
 
@@ -243,10 +302,12 @@ class ProjectorHook:
         refusals: Refusals = []
         for kind in rem.keys() | ins.keys():
             for projector in by_kind.get(kind, ()):
-                if kind in rem:
-                    cur.executemany(projector.delete_sql, [projector.delete_params(r) for r in rem[kind]])
+                keys = projector.remove(cur, rem[kind]) if kind in rem else []
+                written: list[tuple] | None = [] if projector.logged else None
                 if kind in ins:
-                    projector.write(cur, ins[kind], refusals)
+                    projector.write(cur, ins[kind], refusals, written=written)
+                if projector.logged:
+                    rowfeed.log(cur, projector.encoder, keys, written, rowfeed.INSERT)
         for engine in self.causal:
             kind = engine.spec.kind
             if kind in rem or kind in ins:
@@ -266,11 +327,6 @@ def _event_seqs(conn: sqlite3.Connection, kind: int) -> list[int]:
     return sorted(row[0] for row in conn.execute("SELECT seq FROM events WHERE kind = ?", (kind,)))
 
 
-def _events_by_seq(cur: sqlite3.Cursor, seqs: list[int]) -> list[Event]:
-    sql = f"SELECT raw FROM events WHERE seq IN ({','.join('?' * len(seqs))}) ORDER BY seq"
-    return [stored_event(raw) for (raw,) in cur.execute(sql, seqs)]
-
-
 class TableTaken(RuntimeError):
     """A projector names a table that exists and belongs to no projector (it is never dropped or changed)."""
 
@@ -283,66 +339,72 @@ def _check_ownership(cur: sqlite3.Cursor, spec: AnySpec) -> None:
                              "choose another table name")
 
 
-def rebuild(conn: sqlite3.Connection, spec: AnySpec, reason: str, batch: int, max_refusals: int,
-            clock: Callable[[], float] = time.time) -> int:
-    """Recompute `spec`'s tables from the `events` table, in transactions of `batch` events (at most 900 per
-    statement). Returns the events read.
-
-    The `meta` record says "building" until the last batch commits.  Safe to
-    run while another process writes with the same spec (rows are written
-    with INSERT OR REPLACE).  Runs on an autocommit connection, outside any
-    transaction.
+def start_build(conn: sqlite3.Connection, spec: ProjectorSpec, record: dict | None, reason: str, batch: int,
+                max_refusals: int, clock: Callable[[], float] = time.time) -> Build:
+    """Prepare (or resume, see `build.py`) the build of plain `spec` given its stored `meta` record.
 
     Raises:
         TableTaken: a table of the spec exists and no projector made it.
     """
+    current = record_for(spec, "current")
+    if progress_of(record, current) is None:
+        _check_ownership(conn.cursor(), spec)
+    return Build.start(conn, PlainProjector(spec), current, record, reason, batch, max_refusals, clock)
+
+
+def rebuild(conn: sqlite3.Connection, spec: AnySpec, reason: str, batch: int, max_refusals: int,
+            clock: Callable[[], float] = time.time) -> int:
+    """Recompute `spec`'s tables from the `events` table now, in transactions of `batch` events (at most 900 per
+    statement). Returns the events read.
+
+    A plain spec is built from empty (`build.py`); a causal one's `meta`
+    record says "building" until the last batch commits.  Safe to run while
+    another process writes with the same spec (rows are written with INSERT
+    OR REPLACE).  Runs on an autocommit connection, outside any transaction.
+
+    Raises:
+        TableTaken: a table of the spec exists and no projector made it.
+    """
+    if isinstance(spec, ProjectorSpec):
+        build = start_build(conn, spec, None, reason, batch, max_refusals, clock)
+        build.finish(conn)
+        return build.read
     started = time.perf_counter()
     log.info("projector_rebuild_started", projector=spec.name, reason=reason)
-    is_causal = isinstance(spec, CausalSpec)
     with transaction(conn) as cur:
         _check_ownership(cur, spec)
-        if is_causal:
-            causal_mod.create_tables(cur, spec, drop=True)
-            cur.execute("DELETE FROM causal_ops WHERE projector = ?", (spec.name,))
-            schema = "recreated"
-        else:
-            schema = sync_schema(cur, spec)
-            cur.execute(f"DELETE FROM {quote(spec.table)}")
+        causal_mod.create_tables(cur, spec, drop=True)
+        cur.execute("DELETE FROM causal_ops WHERE projector = ?", (spec.name,))
         cur.execute("DELETE FROM projector_refusals WHERE projector = ?", (spec.name,))
         write_meta(cur, spec.name, record_for(spec, "building"))
         seqs = _event_seqs(conn, spec.kind)
     total = len(seqs)
-    log.info("projector_rebuild_schema", projector=spec.name, schema=schema, events=total)
-    plain = None if is_causal else PlainProjector(spec)
-    engine = CausalEngine(spec) if is_causal else None
+    log.info("projector_rebuild_schema", projector=spec.name, schema="recreated", events=total)
+    engine = CausalEngine(spec)
     touched: set[tuple[str, str]] = set()
-    done, rows, last_report = 0, 0, time.perf_counter()
+    done, last_report = 0, time.perf_counter()
     step = max(1, min(batch, 900))
     for start in range(0, total, batch):
         refusals: Refusals = []
         with transaction(conn) as cur:
             for sub in range(start, min(start + batch, total), step):
-                events = _events_by_seq(cur, seqs[sub:min(sub + step, start + batch, total)])
-                if plain is not None:
-                    rows += plain.write(cur, events, refusals, replace=True)
-                else:
-                    touched |= engine.add(conn, events, refusals)
+                events = events_by_seq(cur, seqs[sub:min(sub + step, start + batch, total)])
+                touched |= engine.add(conn, events, refusals)
                 done += len(events)
             record_refusals(cur, refusals, int(clock()), max_refusals)
         if time.perf_counter() - last_report >= 1.0 or done == total:
             last_report = time.perf_counter()
             log.info("projector_rebuild_progress", projector=spec.name, events_done=done, events_total=total)
-    if engine is not None:
-        logs = sorted(touched)
-        for start in range(0, len(logs), max(1, batch // 10)):
-            refusals = []
-            with transaction(conn):
-                for log_id, author in logs[start:start + max(1, batch // 10)]:
-                    engine.settle(conn, log_id, author, refusals)
-                record_refusals(conn.cursor(), refusals, int(clock()), max_refusals)
+    logs = sorted(touched)
+    for start in range(0, len(logs), max(1, batch // 10)):
+        refusals = []
+        with transaction(conn):
+            for log_id, author in logs[start:start + max(1, batch // 10)]:
+                engine.settle(conn, log_id, author, refusals)
+            record_refusals(conn.cursor(), refusals, int(clock()), max_refusals)
     with transaction(conn) as cur:
         write_meta(cur, spec.name, record_for(spec, "current"))
-    log.info("projector_rebuild_finished", projector=spec.name, events=total, rows=rows,
+    log.info("projector_rebuild_finished", projector=spec.name, events=total,
              seconds=round(time.perf_counter() - started, 3))
     return total
 

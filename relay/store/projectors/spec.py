@@ -273,9 +273,19 @@ class ProjectorSpec:
 
 def spec_hash(spec: ProjectorSpec) -> str:
     """Hex SHA-256 of everything in the spec but its revision and `protected`, plus ENGINE_VERSION."""
+    return _hash_without(spec, ("revision", "protected"))  # protected: retention only, no row depends on it
+
+
+def shape_hash(spec: ProjectorSpec) -> str:
+    """Hex SHA-256 of what `spec_hash` covers but the fields and indexes: two specs of one shape differ only in
+    fields and indexes (a spec that only adds fields keeps its rows: projectors/build.py)."""
+    return _hash_without(spec, ("revision", "protected", "fields", "indexes"))
+
+
+def _hash_without(spec: ProjectorSpec, keys: tuple[str, ...]) -> str:
     body = spec.to_dict()
-    del body["revision"]
-    body.pop("protected", None)  # retention only: no row depends on it
+    for key in keys:
+        body.pop(key, None)
     body["engine_version"] = ENGINE_VERSION
     return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
 

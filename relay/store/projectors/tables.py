@@ -154,6 +154,16 @@ def write_meta(cur: sqlite3.Cursor, name: str, record: dict | None) -> None:
                     (META_PREFIX + name, orjson.dumps(record, option=orjson.OPT_SORT_KEYS).decode()))
 
 
+def build_progress(conn: sqlite3.Connection | sqlite3.Cursor, name: str) -> dict | None:
+    """{"done", "total"} (events) of projector `name` while it is being built (state "building"), else None."""
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (META_PREFIX + name,)).fetchone()
+    record = orjson.loads(row[0]) if row is not None else None
+    if record is None or record.get("state") != "building":
+        return None
+    build = record.get("build", {})
+    return {"done": build.get("done", 0), "total": build.get("total", 0)}
+
+
 def record_refusals(cur: sqlite3.Cursor, refusals: list[tuple[str, str, str]], now: int, max_kept: int) -> None:
     """Append (projector, event_id hex, reason) rows at `now` (unix seconds); keep at most `max_kept` rows.
 
