@@ -25,7 +25,7 @@ import gc
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from pathlib import Path
 
@@ -77,8 +77,9 @@ class Node:
     without peers), `metrics` (served at /metrics).
     """
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, serve: bool = True) -> None:
         self.config = config
+        self.serves = serve  # False: the writer process of `server.workers`, whose workers serve (relay/supervisor.py)
         self.metrics = Metrics()
         self.store: Store | None = None
         self.records: Records | None = None  # the Python API of records (relay/store/records.py), once started
@@ -110,11 +111,12 @@ class Node:
         except ConfigError:  # a [[policies]] module that cannot be loaded: release the store's threads
             await store.close()
             raise
+        if not self.serves:
+            self._start_background()
+            self.sync = await start_sync(config, store, self.ingest)
+            return
         self.server = RelayServer(config, store, self.ingest, self.metrics, self._metrics_page)
-        if config.http.status_page:  # for browsers, at the relay's endpoints
-            page = StatusPage(config, time.monotonic(), self.moderation)
-            for path in config.server.paths:
-                self.server.routes.add("GET", path, page.answer, accept="text/html")
+        add_status_page(self.server, self.moderation)
         try:
             await self.server.listen()
         except OSError:
@@ -123,13 +125,7 @@ class Node:
             await store.close()
             await self.ingest.aclose()
             raise
-        self._background = [asyncio.create_task(self._purge_expired_forever(), name="expiry-purge"),
-                            asyncio.create_task(self.moderation.refresh_forever(), name="moderation-refresh")]
-        if (trim := _libc("malloc_trim")) is not None and config.server.memory_trim_seconds > 0:
-            self._background.append(asyncio.create_task(
-                _trim_memory_forever(trim, config.server.memory_trim_seconds), name="memory-trim"))
-        if is_configured(config):
-            self._background.append(asyncio.create_task(retention_forever(store, config), name="retention"))
+        self._start_background()
         log.info("relay_started", url=self.url, db=str(config.store.path))
         projectors = next((h for h in store.hooks if isinstance(h, ProjectorHook)), None)
         self.metrics.watch(store, self.server, projectors)
@@ -137,6 +133,17 @@ class Node:
         self.sync = await start_sync(config, store, self.ingest)
         if self.sync is not None:
             self.metrics.watch_peers(self.sync)
+
+    def _start_background(self) -> None:
+        """The expiry purge, the moderation refresh, memory trim and retention (the writer's tasks)."""
+        config, store = self.config, self.store
+        self._background = [asyncio.create_task(self._purge_expired_forever(), name="expiry-purge"),
+                            asyncio.create_task(self.moderation.refresh_forever(), name="moderation-refresh")]
+        if (trim := _libc("malloc_trim")) is not None and config.server.memory_trim_seconds > 0:
+            self._background.append(asyncio.create_task(
+                _trim_memory_forever(trim, config.server.memory_trim_seconds), name="memory-trim"))
+        if is_configured(config):
+            self._background.append(asyncio.create_task(retention_forever(store, config), name="retention"))
 
     @property
     def port(self) -> int:
@@ -163,7 +170,9 @@ class Node:
             task.cancel()
         if self.moderation is not None:
             self.moderation.close()
-        if self.sync is not None:
+        if self.sync is not None and self.server is None:  # the writer process: no server to time the steps
+            await asyncio.wait_for(self.sync.stop(), timeout)
+        elif self.sync is not None:
             await self.server.within(deadline, self.sync.stop(), "sync", timeout)
         if self.server is not None:
             await self.server.close(deadline)
@@ -179,11 +188,13 @@ class Node:
     def _ephemeral(self, event: Event) -> None:
         """An ephemeral event accepted from a client: fanned out, never stored (NIP-01)."""
         self.metrics.events_ephemeral.inc()
-        self.server.fanout([event])
+        if self.server is not None:  # (the writer process hands it to its workers: relay/channel/)
+            self.server.fanout([event])
 
     def _on_commit(self, changes: Changes) -> None:
         self.metrics.events_stored.inc(len(changes.inserted))
-        self.server.fanout(changes.inserted)
+        if self.server is not None:  # (the writer process's workers read the change feed: relay/channel/)
+            self.server.fanout(changes.inserted)
 
     async def _purge_expired_forever(self) -> None:
         """Every `store.expiry_purge_interval_seconds`, remove expired events (NIP-40) in batches until none is left."""
@@ -195,6 +206,15 @@ class Node:
                     pass
             except Exception as exc:  # the one place this task catches: log, try again next interval
                 log.error("expiry_purge_failed", error=repr(exc), exc_info=exc)
+
+
+def add_status_page(server: RelayServer, moderation: Moderation) -> None:
+    """With `[http] status_page`, the page for browsers at the relay's endpoints (relay/status_page.py)."""
+    config = server.config
+    if config.http.status_page:
+        page = StatusPage(config, time.monotonic(), moderation)
+        for path in config.server.paths:
+            server.routes.add("GET", path, page.answer, accept="text/html")
 
 
 def _unmap_large_blocks_when_freed() -> None:
@@ -263,10 +283,12 @@ def _hold_locks(config: Config) -> list[InstanceLock]:
     return held
 
 
-async def run(config: Config) -> int:
+async def run(config: Config, serve: Callable[[Config], Awaitable[int]] | None = None) -> int:
     """`relay serve`: serve until SIGINT/SIGTERM or until the store fails; returns the process exit code.
 
     Exits 2, printing one line naming the holder's pid, when another relay serves the database or holds the port.
+    `serve(config)` runs once the locks are held (None: this process serves alone; relay/supervisor.py gives
+    the writer and its worker processes).
     """
     try:
         check_location(Path(config.store.path))  # before the lock file beside it: one line, not an OSError
@@ -281,7 +303,7 @@ async def run(config: Config) -> int:
         print(f"relay: cannot lock the database or port: {exc}", file=sys.stderr)
         return 1
     try:
-        return await _serve(config)
+        return await (serve or _serve)(config)
     finally:
         for lock in locks:
             lock.release()

@@ -8,7 +8,9 @@ stored-results budget (the client IP's share of the relay's), and writes it in
 chunks paced by the socket: a client that takes nothing, or too little, for
 `stored_results_timeout_seconds` is dropped (1008) and the budget given back.
 After EOSE come the live events that arrived meanwhile, minus those already
-among the stored results.
+among the stored results (by id; by change feed position where fan-out knows
+it: a worker process learns of commits from the feed, so late, and an event
+at a position up to the head read with the stored query's snapshot was in it).
 """
 
 from __future__ import annotations
@@ -64,16 +66,17 @@ async def _serve_stored(ctx: Context, sub: LiveSubscription) -> None:
             if refusal := stored_results_refusal(budget, services.stored_results, 1):  # before the query
                 raise refusal
             with services.metrics.req_seconds.time():
-                stored = await services.store.query(sub.filters, limits.default_limit, limits.max_limit,
-                                                    ctx.access.private, limits.max_query_rows,
-                                                    limits.query_timeout_seconds, limits.max_query_bytes)
+                stored, sub.seen_through = await services.store.query_at_head(
+                    sub.filters, limits.default_limit, limits.max_limit, ctx.access.private, limits.max_query_rows,
+                    limits.query_timeout_seconds, limits.max_query_bytes)
             sent = await _send_stored(ctx, sub.sub_id, stored, budget)
         stored = None
         await ctx.send(encode_eose(sub.sub_id))
         pending, sub.pending = sub.pending, None
         push_live = ctx.outbox.push_live
-        for event in pending or ():
-            if event.id.encode() not in sent:
+        for event, seq in pending or ():
+            # By position when known (the snapshot held it: sent, or left out by the limits), else by id.
+            if (event.id.encode() not in sent) if seq is None else seq > sub.seen_through:
                 push_live(encode_event(sub.sub_id, event.raw))
     except (ConnectionClosed, _StalledReader):
         pass

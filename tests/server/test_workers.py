@@ -1,0 +1,226 @@
+"""`relay serve --workers 2`: one writer process and two worker processes on one port (issue 16).
+
+Real subprocesses (tests/served.py), real WebSocket clients; a connection's worker is named in its
+handshake's Server header, /health's JSON names the worker that answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import time
+import urllib.error
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import Client, Keys, eventually
+from tests.served import Served, clean_env, http_get
+
+WORKERS = 2
+
+
+def _serve(tmp_path: Path, *args, new_session: bool = False, **env) -> Served:
+    return Served(tmp_path, "--db", tmp_path / "relay.db", "--port", "0", "--workers", str(WORKERS), *args,
+                  env=clean_env(**env), new_session=new_session)
+
+
+def _start(served: Served) -> int:
+    """Wait for the relay; its port."""
+    port = int(served.started_url().rsplit(":", 1)[1])
+    served.wait_health(port)
+    return port
+
+
+def _children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _health(port: int) -> tuple[int, dict]:
+    try:
+        status, _, body = http_get(port, "/health")
+    except urllib.error.HTTPError as exc:
+        status, body = exc.code, exc.read()
+    return status, json.loads(body)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
+
+
+async def _one_per_worker(port: int) -> dict[int, Client]:
+    """Connect until one connection is held on each worker (the kernel spreads them); the others are closed."""
+    held: dict[int, Client] = {}
+    for _ in range(200):
+        client = await Client.connect(f"ws://127.0.0.1:{port}")
+        worker = int(client.ws.response.headers["Server"].rsplit(" ", 1)[1])
+        if worker in held:
+            await client.close()
+        else:
+            held[worker] = client
+        if len(held) == WORKERS:
+            return held
+    raise AssertionError(f"connections reached only workers {sorted(held)}")
+
+
+async def _until(client: Client, sub_id: str, marker_id: str) -> list[str]:
+    """The ids of the events `client` gets on `sub_id` up to and including `marker_id`."""
+    ids = []
+    while True:
+        message = await client.recv(10.0)
+        if message[0] == "EVENT" and message[1] == sub_id:
+            ids.append(message[2]["id"])
+            if message[2]["id"] == marker_id:
+                return ids
+
+
+async def _close_all(clients) -> None:
+    for client in clients:
+        await client.close()
+
+
+def test_health_names_the_answering_worker(tmp_path):
+    """GET /health answers 200 {"writer": "ok", "workers": 2, "worker": i}, and each worker answers some."""
+    with _serve(tmp_path) as served:
+        port = _start(served)
+        seen = set()
+        for _ in range(200):
+            status, body = _health(port)
+            assert status == 200 and body["writer"] == "ok" and body["workers"] == WORKERS
+            seen.add(body["worker"])
+            if len(seen) == WORKERS:
+                break
+        assert seen == set(range(WORKERS))
+
+
+async def test_live_events_reach_every_worker_exactly_once(tmp_path):
+    """An event published on one worker, and an ephemeral one, reach a subscriber on every worker once."""
+    keys = Keys(71)
+    with _serve(tmp_path) as served:
+        port = await asyncio.to_thread(_start, served)
+        clients = await _one_per_worker(port)
+        try:
+            for client in clients.values():
+                assert await client.req("live", {"authors": [keys.pubkey]}) == []
+            stored, ephemeral, marker = (keys.sign(1, "stored"), keys.sign(20001, "ephemeral"),
+                                         keys.sign(1, "marker"))
+            publisher = await Client.connect(f"ws://127.0.0.1:{port}")  # (publish reads up to its OK)
+            for event in (stored, ephemeral, marker):
+                assert (await publisher.publish(event))[2] is True
+            await publisher.close()
+            for client in clients.values():
+                assert await _until(client, "live", marker["id"]) == [stored["id"], ephemeral["id"], marker["id"]]
+        finally:
+            await _close_all(clients.values())
+
+
+async def test_req_racing_a_publish_on_another_worker_gets_it_once(tmp_path):
+    """A REQ sent on one worker while the event is published on the other gets it once: stored or live."""
+    with _serve(tmp_path) as served:
+        port = await asyncio.to_thread(_start, served)
+        clients = await _one_per_worker(port)
+        publisher, reader = clients[0], clients[1]
+        try:
+            for round_ in range(20):
+                keys = Keys(1000 + round_)
+                event, marker = keys.sign(1, "raced"), keys.sign(1, "marker", created_at=int(time.time()) + 1)
+                await publisher.send(["EVENT", event])
+                await reader.send(["REQ", f"r{round_}", {"authors": [keys.pubkey]}])
+                assert (await publisher.recv())[:3] == ["OK", event["id"], True]
+                assert (await publisher.publish(marker))[2] is True
+                ids = []
+                while marker["id"] not in ids:
+                    message = await reader.recv(10.0)
+                    if message[0] == "EVENT" and message[1] == f"r{round_}":
+                        ids.append(message[2]["id"])
+                assert ids.count(event["id"]) == 1, ids
+                await reader.send(["CLOSE", f"r{round_}"])
+        finally:
+            await _close_all(clients.values())
+
+
+async def test_a_killed_worker_is_restarted_and_nothing_acknowledged_is_lost(tmp_path):
+    """SIGKILL of a worker: the writer starts another (logged, counted); acknowledged events are all served."""
+    keys = Keys(72)
+    with _serve(tmp_path) as served:
+        port = await asyncio.to_thread(_start, served)
+        clients = await _one_per_worker(port)
+        published = [keys.sign(1, f"n{i}") for i in range(20)]
+        for event in published:
+            assert (await clients[1].publish(event))[2] is True
+        await _close_all(clients.values())
+        victim = _children(served.proc.pid)[0]
+        os.kill(victim, signal.SIGKILL)
+        restarted = await eventually(lambda: [e for e in served.log_events() if e.get("event") == "worker_restarted"])
+        assert restarted and restarted[0]["exit_code"] == -signal.SIGKILL
+        assert await eventually(lambda: sum(e.get("event") == "worker_started" for e in served.log_events())
+                                == WORKERS + 1)  # the new one listens
+        assert victim not in _children(served.proc.pid)
+        clients = await _one_per_worker(port)
+        try:
+            for client in clients.values():
+                got = await client.req("after", {"authors": [keys.pubkey]})
+                assert sorted(e["id"] for e in got) == sorted(e["id"] for e in published)
+        finally:
+            await _close_all(clients.values())
+
+
+@pytest.mark.parametrize("to_group", [False, True], ids=["parent", "process-group"])
+def test_sigterm_stops_every_process_with_exit_0(tmp_path, to_group):
+    """SIGTERM to the writer, or to the whole process group: exit 0, and no worker is left."""
+    with _serve(tmp_path, new_session=to_group) as served:
+        _start(served)
+        workers = _children(served.proc.pid)
+        assert len(workers) == WORKERS
+        if to_group:
+            os.killpg(served.proc.pid, signal.SIGTERM)
+            code = served.proc.wait(timeout=30)
+        else:
+            code = served.stop()
+        assert code == 0, served.stderr
+        assert not any(_alive(pid) for pid in workers)
+        stopped = [e for e in served.log_events() if e.get("event") == "worker_stopped"]
+        assert sorted(e["worker"] for e in stopped) == list(range(WORKERS))
+        assert all(e["exit_code"] == 0 for e in stopped)
+
+
+def test_workers_exit_when_the_writer_is_killed(tmp_path):
+    """SIGKILL of the writer: every worker logs writer_lost and exits, so nothing listens on the port."""
+    with _serve(tmp_path) as served:
+        port = _start(served)
+        workers = _children(served.proc.pid)
+        served.kill()
+        deadline = time.monotonic() + 15
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in workers)
+        with socket.socket() as s, pytest.raises(ConnectionRefusedError):
+            s.connect(("127.0.0.1", port))
+        assert sum(e.get("event") == "writer_lost" for e in served.log_events()) == WORKERS
+
+
+async def test_a_full_writer_queue_holds_publishers_back_and_every_event_gets_its_ok(tmp_path):
+    """With a writer queue of 2 events, 20 connections publishing 25 events each all get OK true."""
+    with _serve(tmp_path, RELAY_STORE__WRITER_QUEUE_SIZE="2", RELAY_STORE__MAX_BATCH="2") as served:
+        port = await asyncio.to_thread(_start, served)
+
+        async def publish_many(n: int) -> list:
+            keys = Keys(500 + n)
+            client = await Client.connect(f"ws://127.0.0.1:{port}")
+            try:
+                events = [keys.sign(1, f"{n}-{i}") for i in range(25)]
+                for event in events:
+                    await client.send(["EVENT", event])
+                return [await client.recv(30.0) for _ in events]
+            finally:
+                await client.close()
+
+        replies = [r for rs in await asyncio.gather(*(publish_many(n) for n in range(20))) for r in rs]
+        assert len(replies) == 500 and all(r[0] == "OK" and r[2] is True for r in replies)
