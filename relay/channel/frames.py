@@ -8,6 +8,14 @@
 | `commit`    | writer -> all    | a write transaction committed: read the change feed                  |
 | `ephemeral` | writer -> all    | `event`: an ephemeral event to fan out, never stored                 |
 | `heartbeat` | writer -> all    | every `HEARTBEAT_SECONDS`: the writer is alive                       |
+| `job`       | worker -> writer | `id`, `job`: a store job and its arguments (pickled, base64)         |
+| `job_done`  | writer -> worker | `id`, `result` (pickled, base64) or `error` (text)                   |
+| `moderation`| writer -> all    | a job changed the moderation lists: read them again                  |
+
+A `job` is what `Store.run_job` runs (NIP-86 management in a worker: bans,
+allow lists, roles); it is pickled, which only the relay's own processes
+may send: the socket is its user's alone (mode 0600 in a 0700 directory),
+and that user can write the database anyway.
 
 A `source` is the `Source` fields the writer's stage reads (relay/ingest/source.py):
 `name`, `origin`, `ip`, `pubkeys`, `fans_out_ephemeral`.
@@ -16,7 +24,9 @@ A `source` is the `Source` fields the writer's stage reads (relay/ingest/source.
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
+import pickle
 from pathlib import Path
 
 import orjson
@@ -90,6 +100,16 @@ def encode_outcome(request: int, outcome: Outcome) -> dict:
 def decode_outcome(frame: dict) -> Outcome:
     """The `Outcome` an `outcome` frame carries."""
     return Outcome(frame["accepted"], frame["prefix"], frame["reason"], frame["settles"])
+
+
+def pack(value: object) -> str:
+    """`value` pickled, as base64 text (a `job` frame's job, a `job_done` frame's result)."""
+    return base64.b64encode(pickle.dumps(value)).decode()
+
+
+def unpack(text: str) -> object:
+    """The value `pack` made (only ever from this relay's own processes: see the module comment)."""
+    return pickle.loads(base64.b64decode(text))
 
 
 def remove_stale(path: Path) -> None:

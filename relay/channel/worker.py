@@ -8,8 +8,10 @@ which is where a connection waits before it reads its next EVENT, so a
 writer that is behind stops this worker's clients, as its full queue does in
 one process.  `run()` reads the writer's frames until the channel closes:
 each `commit` and `heartbeat` calls `on_commit` (the feed follower reads the
-change feed), each `ephemeral` calls `on_ephemeral`.  When the channel
-closes, every submit still waiting is answered "error:" and `run` returns:
+change feed), each `ephemeral` calls `on_ephemeral`.  `run_job` is a worker
+store's `forward_job`: NIP-86 changes run on the writer (a `job` frame).  When the channel
+closes, every submit still waiting is answered "error:" (a job raises
+`StoreFailed`) and `run` returns:
 the worker must then stop, since nothing it takes could be acknowledged.
 """
 
@@ -26,6 +28,7 @@ import structlog
 from relay.channel import frames
 from relay.ingest import Outcome, Source
 from relay.protocol.event import Event, trusted_event
+from relay.store.store import StoreFailed
 
 log = structlog.get_logger(__name__)
 
@@ -35,15 +38,18 @@ WRITER_GONE = Outcome(False, "error", "the relay cannot store events now")
 class WriterChannel:
     """A worker's connection to the writer at `path`; `connect()`, then `run()` until the writer is gone.
 
-    `on_commit()` runs on each commit wake-up and heartbeat; `on_ephemeral(event)` for each ephemeral event.
+    `on_commit()` runs on each commit wake-up and heartbeat; `on_ephemeral(event)` for each ephemeral event;
+    `on_moderation()` when the moderation lists changed.
     """
 
     def __init__(self, path: Path, max_in_flight: int, on_commit: Callable[[], None],
-                 on_ephemeral: Callable[[Event], None]) -> None:
+                 on_ephemeral: Callable[[Event], None], on_moderation: Callable[[], None]) -> None:
         self.path = path
         self.max_in_flight = max_in_flight
         self.on_commit = on_commit
         self.on_ephemeral = on_ephemeral
+        self.on_moderation = on_moderation
+        self._jobs: dict[int, asyncio.Future] = {}
         self.last_frame = 0.0  # time.monotonic() of the last frame from the writer
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -87,6 +93,19 @@ class WriterChannel:
         if not self._room.is_set():
             await self._room.wait()
 
+    async def run_job(self, job: Callable, *args) -> object:
+        """`Store.run_job` in a worker: the writer process runs `job(conn, hooks, *args)`; its result.
+
+        Raises:
+            StoreFailed: the job failed there, or the writer is gone.
+        """
+        if self._closed:
+            raise StoreFailed(WRITER_GONE.reason)
+        request = next(self._ids)
+        future = self._jobs[request] = asyncio.get_running_loop().create_future()
+        self._send({"type": "job", "id": request, "job": frames.pack((job, args))})
+        return await future
+
     async def run(self) -> None:
         """Read the writer's frames until the channel closes (then every waiting submit gets "error:")."""
         try:
@@ -101,6 +120,9 @@ class WriterChannel:
             self._room.set()
             for done in waiting.values():
                 done(WRITER_GONE)
+            jobs, self._jobs = self._jobs, {}
+            for future in jobs.values():
+                future.done() or future.set_exception(StoreFailed(WRITER_GONE.reason))
 
     def close(self) -> None:
         """Close the connection (`run` then returns)."""
@@ -117,6 +139,16 @@ class WriterChannel:
                 done(frames.decode_outcome(frame))
         elif kind in ("commit", "heartbeat"):
             self.on_commit()
+        elif kind == "job_done":
+            future = self._jobs.pop(frame["id"], None)
+            if future is None or future.done():
+                return
+            if "error" in frame:
+                future.set_exception(StoreFailed(frame["error"]))
+            else:
+                future.set_result(frames.unpack(frame["result"]))
+        elif kind == "moderation":
+            self.on_moderation()
         elif kind == "ephemeral":
             self.on_ephemeral(trusted_event(frame["event"].encode()))
 

@@ -12,7 +12,9 @@ live when ephemeral); its `outcome` frame goes back after the COMMIT.
 After each write transaction one `commit` frame goes to every worker
 (coalesced: one per loop iteration); ephemeral events go to every worker as
 `ephemeral`; a `heartbeat` every `HEARTBEAT_SECONDS` lets workers tell a
-live writer from a stuck or dead one.  A worker that stops reading its
+live writer from a stuck or dead one.  A `job` (a worker's NIP-86 change) runs
+on the store's writer; then every worker is told to read the moderation
+lists again (`moderation`), so a ban applies in every worker at once.  A worker that stops reading its
 frames (more than `MAX_UNREAD_BYTES` waiting) is disconnected: it exits and
 is restarted, as a slow reader is dropped.
 """
@@ -138,11 +140,32 @@ class ChannelServer:
                 done(INTERNAL)
                 return
             self.ingest.take_verified(event, source, done)
+        elif kind == "job":
+            self._spawn(self._run_job(writer, frame["id"], frame["job"]))
         elif kind == "hello":
             self.workers[writer] = frame.get("worker", -1)
             self.ready.set()
         else:
             log.warning("channel_unknown_frame", type=kind)
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_job(self, writer: asyncio.StreamWriter, request: int, packed: str) -> None:
+        """Run a worker's store job on the writer (NIP-86 management), answer it, then tell every worker to
+        read the moderation lists again (the writer's own copy first)."""
+        answer: dict = {"type": "job_done", "id": request}
+        try:
+            job, args = frames.unpack(packed)
+            answer["result"] = frames.pack(await self.ingest.store.run_job(job, *args))
+        except Exception as exc:  # the job's failure is the caller's answer (StoreFailed there)
+            answer["error"] = repr(exc)
+        if self.ingest.moderation is not None:
+            await self.ingest.moderation.load()
+        self._write(writer, frames.encode(answer))
+        self._broadcast({"type": "moderation"})
 
     def _answer(self, writer: asyncio.StreamWriter, request: int, outcome: Outcome) -> None:
         self._write(writer, frames.encode(frames.encode_outcome(request, outcome)))

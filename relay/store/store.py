@@ -17,7 +17,7 @@ import asyncio
 import sqlite3
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,6 +107,8 @@ class Store:
         # Told (events, seconds) of every write transaction: the relay's metrics (relay/metrics.py).
         self.on_batch: Callable[[int, float], None] = lambda events, seconds: None
         self._failure: BaseException | None = None
+        # A reader's `run_job` hands the job to the writer process instead (relay/channel/worker.py), or None.
+        self.forward_job: Callable[..., Awaitable[object]] | None = None
 
     @classmethod
     async def open(cls, path: Path | str, options: StoreOptions = StoreOptions(),
@@ -224,9 +226,14 @@ class Store:
         to `hooks` as `writes.purge_expired` does, so client writes interleave
         with a long job split into many.  Listeners get its `Changes`.
 
+        In a store opened with `open_reader`, the job goes to `forward_job`
+        when set (the writer process runs it).
+
         Raises:
             StoreFailed: the writer has failed (before or while running it).
         """
+        if self.forward_job is not None:
+            return await self.forward_job(job, *args)
         if self._failure is not None:
             raise StoreFailed("the relay cannot store events now")
         future = self._loop.create_future()

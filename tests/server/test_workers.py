@@ -224,3 +224,27 @@ async def test_a_full_writer_queue_holds_publishers_back_and_every_event_gets_it
 
         replies = [r for rs in await asyncio.gather(*(publish_many(n) for n in range(20))) for r in rs]
         assert len(replies) == 500 and all(r[0] == "OK" and r[2] is True for r in replies)
+
+
+async def test_a_nip86_ban_through_one_worker_applies_in_every_worker(tmp_path):
+    """NIP-86 banpubkey answered by a worker runs on the writer; every worker then refuses the pubkey (the
+    lists' periodic refresh is an hour away: the writer's `moderation` frame did it)."""
+    from tests.server.nip86 import PUBLIC_URL, admin_keys, call
+
+    config = tmp_path / "relay.toml"
+    config.write_text(f'[server]\npublic_url = "{PUBLIC_URL}"\n[admin]\npubkeys = ["{admin_keys().public_key().to_hex()}"]\n'
+                      "refresh_seconds = 3600.0\n")
+    banned = Keys(73)
+    with _serve(tmp_path, "--config", config) as served:
+        port = await asyncio.to_thread(_start, served)
+        status, answer = await call(port, "banpubkey", banned.pubkey, "spam")
+        assert status == 200 and answer.get("result") is True, answer
+        clients = await _one_per_worker(port)
+        try:
+            for client in clients.values():
+                async def refused() -> bool:
+                    reply = await client.publish(banned.sign(1, "after the ban"))
+                    return reply[2] is False and reply[3].startswith("blocked:")
+                assert await eventually(refused, timeout=5.0)
+        finally:
+            await _close_all(clients.values())
