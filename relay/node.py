@@ -309,15 +309,9 @@ async def run(config: Config, serve: Callable[[Config], Awaitable[int]] | None =
             lock.release()
 
 
-async def _serve(config: Config) -> int:
-    # Handlers first: a signal during start-up (peers being set up after /health answers) must
-    # still end in a clean stop, not kill the process.
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    _unmap_large_blocks_when_freed()
-    node = Node(config)
+async def start_or_exit_code(node: Node) -> int | None:
+    """`await node.start()`: None once started, else the exit code of `relay serve` (the failure logged)."""
+    config = node.config
     try:
         await node.start()
     except DatabaseUnusable as exc:  # a bad path or file mode: as a bad config, before listening
@@ -331,6 +325,20 @@ async def _serve(config: Config) -> int:
         log.error("node_key_unavailable", error=str(exc))
         await node.stop()
         return 2
+    return None
+
+
+async def _serve(config: Config) -> int:
+    # Handlers first: a signal during start-up (peers being set up after /health answers) must
+    # still end in a clean stop, not kill the process.
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    _unmap_large_blocks_when_freed()
+    node = Node(config)
+    if (code := await start_or_exit_code(node)) is not None:
+        return code
     _tune_after_start()
     stopped = asyncio.create_task(stop.wait())
     writer = node.store.writer_task

@@ -38,7 +38,7 @@ from relay.channel.frames import socket_path
 from relay.channel.writer import ChannelServer
 from relay.config import Config
 from relay.metrics import Metrics
-from relay.node import Node, run
+from relay.node import Node, run, start_or_exit_code
 from relay.protocol.event import Event
 from relay.runtime import runtime_dir
 from relay.worker import reuseport_socket
@@ -134,7 +134,9 @@ async def serve_processes(config: Config, count: int) -> int:
         return 1
     port = reserved.getsockname()[1]
     node = Node(config, serve=False)
-    await node.start()
+    if (code := await start_or_exit_code(node)) is not None:
+        reserved.close()
+        return code
     channel = ChannelServer(socket_path(config.store.path), node.ingest)
     await channel.start()
     node.ingest.live = _both(node.ingest.live, channel.broadcast_ephemeral)
