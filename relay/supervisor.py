@@ -28,6 +28,7 @@ import math
 import os
 import pickle
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -120,45 +121,84 @@ class WorkerPool:
             await asyncio.sleep(_RESTART_DELAY_SECONDS)
 
 
+class Processes:
+    """The writer's side of `count` workers, for `serve_processes` and tests: `await start(stop)`, `await stop()`.
+
+    After a successful start: `node` (the writer's `Node`, no server), `port` (the port the workers share),
+    `url`.
+    """
+
+    def __init__(self, config: Config, count: int) -> None:
+        self.config = config
+        self.count = count
+        self.node = Node(config, serve=False)
+        self.port = 0
+        self._reserved: socket.socket | None = None
+        self._channel: ChannelServer | None = None
+        self._pool: WorkerPool | None = None
+        self._config_path = runtime_dir(config.store.path) / "config.pickle"
+
+    @property
+    def url(self) -> str:
+        """ws://host:port of the relay."""
+        return f"ws://{self.config.server.host}:{self.port}"
+
+    async def start(self, stop: asyncio.Event | None = None) -> int | None:
+        """Reserve the port, start the writer's node, the channel and the workers; None once every worker
+        listens, else the exit code (the failure logged, what had started stopped again).  `stop`, when set,
+        ends the wait for the workers."""
+        config = self.config
+        try:
+            self._reserved = reuseport_socket(config.server.host, config.server.port)
+        except OSError as exc:
+            log.error("listen_failed", host=config.server.host, port=config.server.port, error=str(exc))
+            return 1
+        self.port = self._reserved.getsockname()[1]
+        if (code := await start_or_exit_code(self.node)) is not None:
+            self._reserved.close()
+            return code
+        node = self.node
+        self._channel = channel = ChannelServer(socket_path(config.store.path), node.ingest)
+        await channel.start()
+        node.ingest.live = _both(node.ingest.live, channel.broadcast_ephemeral)
+        node.store.add_listener(channel.on_commit)
+        self._config_path.write_bytes(pickle.dumps(config))
+        self._pool = WorkerPool(self._config_path, self.port, self.count, node.metrics)
+        self._pool.start()
+        if not await _wait_for_workers(channel, self.count, stop or asyncio.Event()):
+            await self.stop()
+            return 1
+        return None
+
+    async def stop(self) -> None:
+        """Stop the workers (they drain), then the channel and the writer's node."""
+        if self._pool is not None:
+            await self._pool.stop(self.config.server.shutdown_timeout_seconds + 5.0)
+        if self._channel is not None:
+            await self._channel.close()
+        await self.node.stop()
+        if self._reserved is not None:
+            self._reserved.close()
+        self._config_path.unlink(missing_ok=True)
+
+
 async def serve_processes(config: Config, count: int) -> int:
     """The writer process of `count` workers (see the module): serve until SIGINT/SIGTERM; the exit code."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    host = config.server.host
-    try:
-        reserved = reuseport_socket(host, config.server.port)
-    except OSError as exc:
-        log.error("listen_failed", host=host, port=config.server.port, error=str(exc))
-        return 1
-    port = reserved.getsockname()[1]
-    node = Node(config, serve=False)
-    if (code := await start_or_exit_code(node)) is not None:
-        reserved.close()
+    processes = Processes(config, count)
+    if (code := await processes.start(stop)) is not None:
         return code
-    channel = ChannelServer(socket_path(config.store.path), node.ingest)
-    await channel.start()
-    node.ingest.live = _both(node.ingest.live, channel.broadcast_ephemeral)
-    node.store.add_listener(channel.on_commit)
-    config_path = runtime_dir(config.store.path) / "config.pickle"
-    config_path.write_bytes(pickle.dumps(config))
-    pool = WorkerPool(config_path, port, count, node.metrics)
-    pool.start()
-    code = await _wait_for_workers(channel, count, node, stop)
-    if code == 0:
-        log.info("relay_started", url=f"ws://{host}:{port}", db=str(config.store.path), workers=count)
-        code = await _serve_until_stopped(node, stop)
-    await pool.stop(config.server.shutdown_timeout_seconds + 5.0)
-    await channel.close()
-    await node.stop()
-    reserved.close()
-    config_path.unlink(missing_ok=True)
+    log.info("relay_started", url=processes.url, db=str(config.store.path), workers=count)
+    code = await _serve_until_stopped(processes.node, stop)
+    await processes.stop()
     return code
 
 
-async def _wait_for_workers(channel: ChannelServer, count: int, node: Node, stop: asyncio.Event) -> int:
-    """0 once `count` workers said hello; 1 when they did not within START_TIMEOUT_SECONDS (logged)."""
+async def _wait_for_workers(channel: ChannelServer, count: int, stop: asyncio.Event) -> bool:
+    """True once `count` workers said hello (or `stop` is set); False, logged, past START_TIMEOUT_SECONDS."""
     deadline = asyncio.get_running_loop().time() + START_TIMEOUT_SECONDS
     while len(channel.workers) < count and not stop.is_set():
         channel.ready.clear()
@@ -166,8 +206,8 @@ async def _wait_for_workers(channel: ChannelServer, count: int, node: Node, stop
             await asyncio.wait_for(channel.ready.wait(), deadline - asyncio.get_running_loop().time())
         except TimeoutError:
             log.error("workers_not_started", started=len(channel.workers), workers=count)
-            return 1
-    return 0
+            return False
+    return True
 
 
 async def _serve_until_stopped(node: Node, stop: asyncio.Event) -> int:
