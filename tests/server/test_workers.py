@@ -248,3 +248,27 @@ async def test_a_nip86_ban_through_one_worker_applies_in_every_worker(tmp_path):
                 assert await eventually(refused, timeout=5.0)
         finally:
             await _close_all(clients.values())
+
+
+async def test_relay_import_goes_through_the_running_writer_to_every_worker(tmp_path):
+    """`relay import` on the database `relay serve --workers 2` serves: its events reach a subscriber on
+    each worker, once."""
+    from tests.served import relay_cli_async
+
+    keys = Keys(74)
+    imported = [keys.sign(1, f"imported {i}") for i in range(5)]
+    lines = tmp_path / "events.jsonl"
+    lines.write_text("".join(json.dumps(e) + "\n" for e in imported))
+    with _serve(tmp_path) as served:
+        port = await asyncio.to_thread(_start, served)
+        clients = await _one_per_worker(port)
+        try:
+            for client in clients.values():
+                assert await client.req("live", {"authors": [keys.pubkey]}) == []
+            code, out, err = await relay_cli_async("import", lines, "--db", tmp_path / "relay.db")
+            assert code == 0, err
+            for client in clients.values():
+                got = await _until(client, "live", imported[-1]["id"])
+                assert sorted(got) == sorted(e["id"] for e in imported)
+        finally:
+            await _close_all(clients.values())
