@@ -135,11 +135,12 @@ async def test_req_racing_a_publish_on_another_worker_gets_it_once(tmp_path):
                 await reader.send(["REQ", f"r{round_}", {"authors": [keys.pubkey]}])
                 assert (await publisher.recv())[:3] == ["OK", event["id"], True]
                 assert (await publisher.publish(marker))[2] is True
-                ids = []
-                while marker["id"] not in ids:
+                ids, eose = [], False  # stored ones come newest first: the marker may precede the event there
+                while marker["id"] not in ids or not eose:
                     message = await reader.recv(10.0)
                     if message[0] == "EVENT" and message[1] == f"r{round_}":
                         ids.append(message[2]["id"])
+                    eose = eose or message == ["EOSE", f"r{round_}"]
                 assert ids.count(event["id"]) == 1, ids
                 await reader.send(["CLOSE", f"r{round_}"])
         finally:
@@ -272,3 +273,23 @@ async def test_relay_import_goes_through_the_running_writer_to_every_worker(tmp_
                 assert sorted(got) == sorted(e["id"] for e in imported)
         finally:
             await _close_all(clients.values())
+
+
+def test_health_is_503_while_the_writer_does_not_answer(tmp_path):
+    """A stopped writer (SIGSTOP) sends no heartbeat: a worker's /health answers 503 "unreachable" within
+    about a second, and 200 again once the writer goes on (SIGCONT)."""
+    with _serve(tmp_path) as served:
+        port = _start(served)
+        os.kill(served.proc.pid, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 10
+            while (answer := _health(port))[0] == 200 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert answer[0] == 503 and answer[1]["writer"] == "unreachable" and answer[1]["workers"] == WORKERS
+        finally:
+            os.kill(served.proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while _health(port)[0] != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        status, body = _health(port)
+        assert status == 200 and body["writer"] == "ok"
