@@ -297,3 +297,27 @@ def test_health_is_503_while_the_writer_does_not_answer(tmp_path):
             time.sleep(0.2)
         status, body = _health(port)
         assert status == 200 and body["writer"] == "ok"
+
+
+async def test_relay_ban_goes_through_the_running_writer_to_every_worker(tmp_path):
+    """`relay ban pubkey` beside `relay serve --workers 2`: every worker refuses the pubkey (the lists'
+    periodic refresh is an hour away)."""
+    from tests.served import relay_cli_async
+
+    config = tmp_path / "relay.toml"
+    config.write_text("[admin]\nrefresh_seconds = 3600.0\n")
+    banned = Keys(75)
+    with _serve(tmp_path, "--config", config) as served:
+        port = await asyncio.to_thread(_start, served)
+        code, out, err = await relay_cli_async("ban", "pubkey", banned.pubkey, "--db", tmp_path / "relay.db",
+                                               "--config", config)
+        assert code == 0, err
+        clients = await _one_per_worker(port)
+        try:
+            for client in clients.values():
+                async def refused() -> bool:
+                    reply = await client.publish(banned.sign(1, "after the ban"))
+                    return reply[2] is False and reply[3].startswith("blocked:")
+                assert await eventually(refused, timeout=5.0)
+        finally:
+            await _close_all(clients.values())
