@@ -70,6 +70,14 @@ async def _one_per_worker(port: int) -> dict[int, Client]:
     raise AssertionError(f"connections reached only workers {sorted(held)}")
 
 
+async def _subscribed_on_every_worker(port: int, keys: Keys) -> dict[int, Client]:
+    """One connection per worker, each with subscription "live" to `keys`' events (none stored yet)."""
+    clients = await _one_per_worker(port)
+    for client in clients.values():
+        assert await client.req("live", {"authors": [keys.pubkey]}) == []
+    return clients
+
+
 async def _until(client: Client, sub_id: str, marker_id: str) -> list[str]:
     """The ids of the events `client` gets on `sub_id` up to and including `marker_id`."""
     ids = []
@@ -79,6 +87,19 @@ async def _until(client: Client, sub_id: str, marker_id: str) -> list[str]:
             ids.append(message[2]["id"])
             if message[2]["id"] == marker_id:
                 return ids
+
+
+async def _refused_by_every_worker(port: int, banned: Keys) -> None:
+    """Every worker soon refuses `banned`'s events with "blocked:" (within 5 s)."""
+    clients = await _one_per_worker(port)
+    try:
+        for client in clients.values():
+            async def refused() -> bool:
+                reply = await client.publish(banned.sign(1, "after the ban"))
+                return reply[2] is False and reply[3].startswith("blocked:")
+            assert await eventually(refused, timeout=5.0)
+    finally:
+        await _close_all(clients.values())
 
 
 async def _close_all(clients) -> None:
@@ -105,10 +126,8 @@ async def test_live_events_reach_every_worker_exactly_once(tmp_path):
     keys = Keys(71)
     with _serve(tmp_path) as served:
         port = await asyncio.to_thread(_start, served)
-        clients = await _one_per_worker(port)
+        clients = await _subscribed_on_every_worker(port, keys)
         try:
-            for client in clients.values():
-                assert await client.req("live", {"authors": [keys.pubkey]}) == []
             stored, ephemeral, marker = (keys.sign(1, "stored"), keys.sign(20001, "ephemeral"),
                                          keys.sign(1, "marker"))
             publisher = await Client.connect(f"ws://127.0.0.1:{port}")  # (publish reads up to its OK)
@@ -244,15 +263,7 @@ async def test_a_nip86_ban_through_one_worker_applies_in_every_worker(tmp_path):
         port = await asyncio.to_thread(_start, served)
         status, answer = await call(port, "banpubkey", banned.pubkey, "spam")
         assert status == 200 and answer.get("result") is True, answer
-        clients = await _one_per_worker(port)
-        try:
-            for client in clients.values():
-                async def refused() -> bool:
-                    reply = await client.publish(banned.sign(1, "after the ban"))
-                    return reply[2] is False and reply[3].startswith("blocked:")
-                assert await eventually(refused, timeout=5.0)
-        finally:
-            await _close_all(clients.values())
+        await _refused_by_every_worker(port, banned)
 
 
 async def test_relay_import_goes_through_the_running_writer_to_every_worker(tmp_path):
@@ -266,10 +277,8 @@ async def test_relay_import_goes_through_the_running_writer_to_every_worker(tmp_
     lines.write_text("".join(json.dumps(e) + "\n" for e in imported))
     with _serve(tmp_path) as served:
         port = await asyncio.to_thread(_start, served)
-        clients = await _one_per_worker(port)
+        clients = await _subscribed_on_every_worker(port, keys)
         try:
-            for client in clients.values():
-                assert await client.req("live", {"authors": [keys.pubkey]}) == []
             code, out, err = await relay_cli_async("import", lines, "--db", tmp_path / "relay.db")
             assert code == 0, err
             for client in clients.values():
@@ -312,12 +321,4 @@ async def test_relay_ban_goes_through_the_running_writer_to_every_worker(tmp_pat
         code, out, err = await relay_cli_async("ban", "pubkey", banned.pubkey, "--db", tmp_path / "relay.db",
                                                "--config", config)
         assert code == 0, err
-        clients = await _one_per_worker(port)
-        try:
-            for client in clients.values():
-                async def refused() -> bool:
-                    reply = await client.publish(banned.sign(1, "after the ban"))
-                    return reply[2] is False and reply[3].startswith("blocked:")
-                assert await eventually(refused, timeout=5.0)
-        finally:
-            await _close_all(clients.values())
+        await _refused_by_every_worker(port, banned)
