@@ -194,7 +194,7 @@ class Node:
     def _on_commit(self, changes: Changes) -> None:
         self.metrics.events_stored.inc(len(changes.inserted))
         if self.server is not None:  # (the writer process's workers read the change feed: relay/channel/)
-            self.server.fanout(changes.inserted)
+            self.server.fanout(changes.inserted, changes.seqs)
 
     async def _purge_expired_forever(self) -> None:
         """Every `store.expiry_purge_interval_seconds`, remove expired events (NIP-40) in batches until none is left."""

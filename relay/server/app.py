@@ -163,8 +163,9 @@ class RelayServer:
             log.warning("shutdown_timeout", step=name, waited_seconds=seconds, open_connections=len(self.connections))
 
     def fanout(self, events: list[Event], seqs: list[int] | None = None) -> None:
-        """Deliver `events` (committed, or ephemeral) to every live subscription that matches them; `seqs`:
-        their change feed positions, when read from the feed (a worker process), for `LiveSubscription`."""
+        """Deliver `events` (committed, or ephemeral) to every live subscription that matches them; `seqs`: the
+        committed ones' change feed positions (None for ephemeral events), which `LiveSubscription` compares
+        with its stored query's snapshot."""
         private_kinds = self.access.private_kinds
         for i, event in enumerate(events):
             private = event.kind in private_kinds  # NIP-42: only to their authenticated author or recipient
