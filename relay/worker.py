@@ -34,6 +34,7 @@ from relay.channel.follower import FeedFollower
 from relay.channel.frames import socket_path
 from relay.channel.worker import WriterChannel
 from relay.config import Config
+from relay.hooks import hooks
 from relay.ingest import Ingest
 from relay.ingest.moderation import Moderation
 from relay.logging import configure_logging
@@ -87,7 +88,8 @@ async def serve_worker(config: Config, index: int, port: int, count: int) -> int
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGUSR1, lost.set)
-    store = await Store.open_reader(config.store.path, config.store.options(None, config.server.public_url))
+    store = await Store.open_reader(config.store.path, config.store.options(None, config.server.public_url),
+                                    hooks(config))  # (their indexes are read here: NIP-77, NIP-50)
     moderation = await Moderation.open(store, config)
     ingest = Ingest.from_config(config, store, moderation=moderation)
     metrics = Metrics()

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from relay.channel.frames import socket_path
 from relay.channel.worker import WriterChannel
 from relay.config import Config
+from relay.hooks import hooks
 from relay.ingest import Ingest
 from relay.node import open_store
 from relay.store.store import Store
@@ -61,7 +62,8 @@ async def open_write_path(config: Config, read_connections: int) -> WritePath:
     except OSError:  # no relay serves it (a socket file of one that died refuses connections)
         return WritePath(await open_store(config, read_connections))
     store = await Store.open_reader(config.store.path, config.store.options(read_connections,
-                                                                            config.server.public_url))
+                                                                            config.server.public_url),
+                                    hooks(config))  # (sync reads the NIP-77 index)
     store.forward_job = channel.run_job
     return WritePath(store, channel, asyncio.create_task(channel.run()))
 

@@ -143,18 +143,24 @@ class Store:
         return store
 
     @classmethod
-    async def open_reader(cls, path: Path | str, options: StoreOptions = StoreOptions()) -> Store:
+    async def open_reader(cls, path: Path | str, options: StoreOptions = StoreOptions(),
+                          hooks: Sequence[TransactionHook] = ()) -> Store:
         """The database at `path` for reading only (a worker process): `options.read_connections` read
-        connections, no writer task, no hooks, no checkpoints.  `enqueue` answers "error:" and `run_job` raises
-        `StoreFailed`: writes go through the writer process (relay/channel/).
+        connections, no writer task, no checkpoints.  `enqueue` answers "error:" and `run_job` raises
+        `StoreFailed`: writes go through the writer process (relay/channel/).  `hooks` are never set up nor
+        run here (the writer does); those with an `attach(conn)` find their tables, for the readers of their
+        indexes (NIP-77, NIP-50).
 
         Raises:
             DatabaseUnusable: the database cannot be opened (e.g. absent: the writer creates it).
         """
-        store = cls(Path(path), options)
+        store = cls(Path(path), options, hooks)
         try:
             for _ in range(options.read_connections):
                 store._readers.put_nowait(await db.connect(store.path, readonly=True))
+            for hook in store.hooks:
+                if hasattr(hook, "attach"):
+                    await store._read(hook.attach)
         except (OSError, sqlite3.Error) as exc:
             await store.close()
             raise DatabaseUnusable(store.path, str(exc)) from exc
