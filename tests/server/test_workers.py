@@ -322,3 +322,18 @@ async def test_relay_ban_goes_through_the_running_writer_to_every_worker(tmp_pat
                                                "--config", config)
         assert code == 0, err
         await _refused_by_every_worker(port, banned)
+
+
+async def test_a_nip98_auth_event_authorizes_one_call_whichever_worker_answers(tmp_path):
+    """The same NIP-86 Authorization sent 8 times (over new connections, so to both workers): one 200, then
+    401 "used already" (the claim is the writer's)."""
+    from tests.server.nip86 import CONTENT_TYPE, PUBLIC_URL, admin_keys, authorization, post
+
+    config = tmp_path / "relay.toml"
+    config.write_text(f'[server]\npublic_url = "{PUBLIC_URL}"\n[admin]\npubkeys = ["{admin_keys().public_key().to_hex()}"]\n')
+    body = json.dumps({"method": "supportedmethods", "params": []}).encode()
+    headers = {"Content-Type": CONTENT_TYPE, "Authorization": authorization(body)}
+    with _serve(tmp_path, "--config", config) as served:
+        port = await asyncio.to_thread(_start, served)
+        statuses = [(await asyncio.to_thread(post, port, body, headers))[0] for _ in range(8)]
+        assert statuses == [200] + [401] * 7
