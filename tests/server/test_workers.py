@@ -337,3 +337,32 @@ async def test_a_nip98_auth_event_authorizes_one_call_whichever_worker_answers(t
         port = await asyncio.to_thread(_start, served)
         statuses = [(await asyncio.to_thread(post, port, body, headers))[0] for _ in range(8)]
         assert statuses == [200] + [401] * 7
+
+
+async def test_relay_sync_goes_through_the_running_writer_to_every_worker(tmp_path, start):
+    """`relay sync PEER` on the database `relay serve --workers 2` serves: the events fetched reach a subscriber
+    on each worker."""
+    from tests.helpers import store_events
+    from tests.served import relay_cli_async
+
+    keys = Keys(76)
+    fetched = [keys.sign(1, f"from the peer {i}") for i in range(5)]
+    peer = await start("peer")
+    await store_events(peer.store, fetched)
+    served_dir = tmp_path / "served"
+    served_dir.mkdir()
+    with _serve(served_dir) as served:
+        port = await asyncio.to_thread(_start, served)
+        clients = await _subscribed_on_every_worker(port, keys)
+        try:
+            code, out, err = await relay_cli_async("sync", peer.url, "--db", served_dir / "relay.db")
+            assert code == 0, err
+            for client in clients.values():  # (in the order sync fetched them)
+                got: list[str] = []
+                while not {e["id"] for e in fetched} <= set(got):
+                    message = await client.recv(10.0)
+                    if message[0] == "EVENT" and message[1] == "live":
+                        got.append(message[2]["id"])
+                assert sorted(got) == sorted(e["id"] for e in fetched)
+        finally:
+            await _close_all(clients.values())
