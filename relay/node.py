@@ -171,7 +171,10 @@ class Node:
         if self.moderation is not None:
             self.moderation.close()
         if self.sync is not None and self.server is None:  # the writer process: no server to time the steps
-            await asyncio.wait_for(self.sync.stop(), timeout)
+            try:
+                await asyncio.wait_for(self.sync.stop(), timeout)
+            except TimeoutError:
+                log.warning("shutdown_timeout", step="sync", waited_seconds=timeout)
         elif self.sync is not None:
             await self.server.within(deadline, self.sync.stop(), "sync", timeout)
         if self.server is not None:
