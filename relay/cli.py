@@ -39,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", parents=[common], help="run the relay")
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="TCP port (default 7777; 0 picks a free one)")
+    serve.add_argument("--workers", help='worker processes ("auto", the default: one per CPU, at most 8; 0: one process)')
     imp = commands.add_parser("import", parents=[common], help="validate and store events from a JSONL file")
     imp.add_argument("file", type=Path, help="JSONL file, one event object per line ('-' for stdin)")
     imp.add_argument("--rejects", type=Path, help="write each rejected line to this file as JSON lines "
@@ -207,7 +208,7 @@ def _keyset(args: argparse.Namespace):
 def _config(args: argparse.Namespace) -> Config:
     overrides = {"store": {"path": args.db}}
     if args.command == "serve":
-        overrides["server"] = {"host": args.host, "port": args.port}
+        overrides["server"] = {"host": args.host, "port": args.port, "workers": args.workers}
     return load_config(args.config, os.environ, overrides)
 
 
@@ -252,9 +253,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "serve":
         import uvloop
 
-        from relay.node import run
+        from relay.supervisor import serve
 
-        return uvloop.run(run(config))
+        return uvloop.run(serve(config))
     if args.command == "import":
         from relay.commands.transfer import run_import
 

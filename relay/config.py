@@ -126,6 +126,18 @@ def _parse_paths(name: str, value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+MAX_WORKERS = 64
+
+
+def _parse_workers(name: str, value: Any) -> int | str:
+    """`[server] workers`: "auto" or a count from 0 to 64 (an environment variable's text included)."""
+    if type(value) is str and value != "auto":
+        value = int(value) if value.isascii() and value.isdigit() else value
+    if value != "auto" and (type(value) is not int or not 0 <= value <= MAX_WORKERS):
+        raise ConfigError(f'{name}: must be "auto" or a count from 0 to {MAX_WORKERS}, got {value!r}')
+    return value
+
+
 _PUBKEYS = partial(_parse_list, item="pubkey")
 _KINDS = partial(_parse_list, item="kind")
 _NETWORKS = partial(_parse_list, item="network")
@@ -149,6 +161,8 @@ class ServerConfig:
                                    "larger: 413", unit="bytes", restart=True)
     paths: tuple[str, ...] = key(("/",), "URL paths clients may connect to (NIP-01: one endpoint); others get 404",
                                  restart=True, parse=_parse_paths)
+    workers: int | str = key("auto", 'worker processes serving the port beside the writer; "auto": the CPUs this '
+                             "process may use, at most 8; 0: one process", restart=True, parse=_parse_workers)
 
 
 @dataclass(frozen=True)

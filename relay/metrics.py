@@ -110,6 +110,8 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         self.events_received = Counter("relay_events_received", "EVENT messages received from clients", registry=r)
+        self.worker_restarts = Counter("relay_worker_restarts", "worker processes restarted after they died "
+                                       "(server.workers; relay/supervisor.py)", registry=r)
         self.events_stored = Counter("relay_events_stored", "events committed to the database (clients, sync, "
                                      "import in this process)", registry=r)
         self.events_ephemeral = Counter("relay_events_ephemeral", "ephemeral events accepted and fanned out, "

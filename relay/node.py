@@ -25,7 +25,7 @@ import gc
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from pathlib import Path
 
@@ -80,8 +80,9 @@ class Node:
     without peers), `metrics` (served at /metrics).
     """
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, serve: bool = True) -> None:
         self.config = config
+        self.serves = serve  # False: the writer process of `server.workers`, whose workers serve (relay/supervisor.py)
         self.metrics = Metrics()
         self.store: Store | None = None
         self.records: RecordApi | None = None  # the Python API of records (relay/ingest/records.py), once started
@@ -113,11 +114,12 @@ class Node:
             await store.close()
             raise
         self.records = RecordApi.from_config(config, store, self.ingest)  # get, query, put and delete rows
+        if not self.serves:
+            self._start_background()
+            self.sync = await start_sync(config, store, self.ingest)
+            return
         self.server = RelayServer(config, store, self.ingest, self.metrics, self._metrics_page)
-        if config.http.status_page:  # for browsers, at the relay's endpoints
-            page = StatusPage(config, time.monotonic(), self.moderation)
-            for path in config.server.paths:
-                self.server.routes.add("GET", path, page.answer, accept="text/html")
+        add_status_page(self.server, self.moderation)
         try:
             await self.server.listen()
         except OSError:
@@ -126,6 +128,18 @@ class Node:
             await store.close()
             await self.ingest.aclose()
             raise
+        self._start_background()
+        log.info("relay_started", url=self.url, db=str(config.store.path))
+        self.metrics.watch(store, self.server, _projector_hook(store))
+        self.metrics.watch_policies(self.ingest.policies)
+        self.sync = await start_sync(config, store, self.ingest)
+        if self.sync is not None:
+            self.metrics.watch_peers(self.sync)
+
+    def _start_background(self) -> None:
+        """The expiry purge, the moderation refresh, memory trim, retention and the background builds of new or
+        changed projectors (the writer's tasks)."""
+        config, store = self.config, self.store
         self._background = [asyncio.create_task(self._purge_expired_forever(), name="expiry-purge"),
                             asyncio.create_task(self.moderation.refresh_forever(), name="moderation-refresh")]
         if (trim := _libc("malloc_trim")) is not None and config.server.memory_trim_seconds > 0:
@@ -133,16 +147,10 @@ class Node:
                 _trim_memory_forever(trim, config.server.memory_trim_seconds), name="memory-trim"))
         if is_configured(config):
             self._background.append(asyncio.create_task(retention_forever(store, config), name="retention"))
-        log.info("relay_started", url=self.url, db=str(config.store.path))
-        projectors = next((h for h in store.hooks if isinstance(h, ProjectorHook)), None)
+        projectors = _projector_hook(store)
         if projectors is not None and projectors.builds:  # new or changed projectors, built while serving
             self._background.append(asyncio.create_task(build_in_background(store, projectors.builds),
                                                         name="projector-builds"))
-        self.metrics.watch(store, self.server, projectors)
-        self.metrics.watch_policies(self.ingest.policies)
-        self.sync = await start_sync(config, store, self.ingest)
-        if self.sync is not None:
-            self.metrics.watch_peers(self.sync)
 
     @property
     def port(self) -> int:
@@ -169,7 +177,12 @@ class Node:
             task.cancel()
         if self.moderation is not None:
             self.moderation.close()
-        if self.sync is not None:
+        if self.sync is not None and self.server is None:  # the writer process: no server to time the steps
+            try:
+                await asyncio.wait_for(self.sync.stop(), timeout)
+            except TimeoutError:
+                log.warning("shutdown_timeout", step="sync", waited_seconds=timeout)
+        elif self.sync is not None:
             await self.server.within(deadline, self.sync.stop(), "sync", timeout)
         if self.server is not None:
             await self.server.close(deadline)
@@ -185,11 +198,13 @@ class Node:
     def _ephemeral(self, event: Event) -> None:
         """An ephemeral event accepted from a client: fanned out, never stored (NIP-01)."""
         self.metrics.events_ephemeral.inc()
-        self.server.fanout([event])
+        if self.server is not None:  # (the writer process hands it to its workers: relay/channel/)
+            self.server.fanout([event])
 
     def _on_commit(self, changes: Changes) -> None:
         self.metrics.events_stored.inc(len(changes.inserted))
-        self.server.fanout(changes.inserted)
+        if self.server is not None:  # (the writer process's workers read the change feed: relay/channel/)
+            self.server.fanout(changes.inserted, changes.seqs)
 
     async def _purge_expired_forever(self) -> None:
         """Every `store.expiry_purge_interval_seconds`, remove expired events (NIP-40) in batches until none is left."""
@@ -201,6 +216,20 @@ class Node:
                     pass
             except Exception as exc:  # the one place this task catches: log, try again next interval
                 log.error("expiry_purge_failed", error=repr(exc), exc_info=exc)
+
+
+def add_status_page(server: RelayServer, moderation: Moderation) -> None:
+    """With `[http] status_page`, the page for browsers at the relay's endpoints (relay/status_page.py)."""
+    config = server.config
+    if config.http.status_page:
+        page = StatusPage(config, time.monotonic(), moderation)
+        for path in config.server.paths:
+            server.routes.add("GET", path, page.answer, accept="text/html")
+
+
+def _projector_hook(store: Store) -> ProjectorHook | None:
+    """The store's projector hook (None when no projector is declared)."""
+    return next((h for h in store.hooks if isinstance(h, ProjectorHook)), None)
 
 
 def _unmap_large_blocks_when_freed() -> None:
@@ -269,10 +298,12 @@ def _hold_locks(config: Config) -> list[InstanceLock]:
     return held
 
 
-async def run(config: Config) -> int:
+async def run(config: Config, serve: Callable[[Config], Awaitable[int]] | None = None) -> int:
     """`relay serve`: serve until SIGINT/SIGTERM or until the store fails; returns the process exit code.
 
     Exits 2, printing one line naming the holder's pid, when another relay serves the database or holds the port.
+    `serve(config)` runs once the locks are held (None: this process serves alone; relay/supervisor.py gives
+    the writer and its worker processes).
     """
     try:
         check_location(Path(config.store.path))  # before the lock file beside it: one line, not an OSError
@@ -287,21 +318,15 @@ async def run(config: Config) -> int:
         print(f"relay: cannot lock the database or port: {exc}", file=sys.stderr)
         return 1
     try:
-        return await _serve(config)
+        return await (serve or _serve)(config)
     finally:
         for lock in locks:
             lock.release()
 
 
-async def _serve(config: Config) -> int:
-    # Handlers first: a signal during start-up (peers being set up after /health answers) must
-    # still end in a clean stop, not kill the process.
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    _unmap_large_blocks_when_freed()
-    node = Node(config)
+async def start_or_exit_code(node: Node) -> int | None:
+    """`await node.start()`: None once started, else the exit code of `relay serve` (the failure logged)."""
+    config = node.config
     try:
         await node.start()
     except DatabaseUnusable as exc:  # a bad path or file mode: as a bad config, before listening
@@ -315,6 +340,20 @@ async def _serve(config: Config) -> int:
         log.error("node_key_unavailable", error=str(exc))
         await node.stop()
         return 2
+    return None
+
+
+async def _serve(config: Config) -> int:
+    # Handlers first: a signal during start-up (peers being set up after /health answers) must
+    # still end in a clean stop, not kill the process.
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    _unmap_large_blocks_when_freed()
+    node = Node(config)
+    if (code := await start_or_exit_code(node)) is not None:
+        return code
     _tune_after_start()
     stopped = asyncio.create_task(stop.wait())
     writer = node.store.writer_task

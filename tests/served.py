@@ -17,9 +17,15 @@ from pathlib import Path
 START_TIMEOUT = 15  # seconds for `relay serve` to answer /health
 
 
+TEST_WORKERS = os.environ.get("RELAY_TEST_WORKERS", "0")
+"""`server.workers` of every relay a test starts as a subprocess: 0 (one process) unless RELAY_TEST_WORKERS says."""
+
+
 def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without any RELAY_* variable, plus `extra`."""
+    """This process's environment without any RELAY_* variable, with `server.workers` pinned to TEST_WORKERS,
+    plus `extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env["RELAY_SERVER__WORKERS"] = TEST_WORKERS
     env.update(extra)
     return env
 
@@ -80,17 +86,19 @@ def answers_health(port: int) -> bool:
 class Served:
     """`python -m relay serve ARGS` as a subprocess, logs to files; always terminated on exit."""
 
-    def __init__(self, tmp_path: Path, *args, env: dict | None = None) -> None:
+    def __init__(self, tmp_path: Path, *args, env: dict | None = None, new_session: bool = False) -> None:
         self.tmp_path = tmp_path
         self.args = [sys.executable, "-m", "relay", "serve", *map(str, args)]
         self.env = env or clean_env()
+        self.new_session = new_session  # a process group of its own (to signal the whole group)
         self.proc: subprocess.Popen | None = None
         self.stderr_path = tmp_path / f"serve-{time.monotonic_ns()}.stderr"
 
     def __enter__(self) -> Served:
         self._stderr = self.stderr_path.open("wb")
         self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=self._stderr, env=self.env, cwd=self.tmp_path)
+                                     stderr=self._stderr, env=self.env, cwd=self.tmp_path,
+                                     start_new_session=self.new_session)
         return self
 
     def __exit__(self, *exc) -> None:

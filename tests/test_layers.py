@@ -23,11 +23,11 @@ LAYERS: list[set[str]] = [
     {"keys"},
     {"policies"},  # write policies and the strfry plugin protocol, run by ingest
     {"ingest"},
-    {"server", "sync"},
-    {"node", "metrics", "retention", "hooks", "status", "status_page", "locks"},
+    {"server", "sync", "channel"},
+    {"node", "worker", "supervisor", "metrics", "retention", "hooks", "status", "status_page", "locks"},
     {"commands", "cli", "__main__"},
 ]
-APART = [{"server", "sync"}]  # same layer, yet neither may import the other
+APART = [{"server", "sync"}, {"server", "channel"}, {"sync", "channel"}]  # same layer, yet neither may import the other
 
 
 @dataclass(frozen=True)

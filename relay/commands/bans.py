@@ -2,11 +2,13 @@
 the command line.
 
 Each command opens the store as `relay serve` does (relay/node.py
-`open_store`, with its transaction hooks) and changes the lists through
-the same `Moderation` the NIP-86 API uses (relay/ingest/moderation.py), so
-a banned event leaves with its tag rows, projected rows and negentropy
+`open_store`, with its transaction hooks), or writes through the writer of
+the relay serving it (relay/commands/through.py), and changes the lists
+through the same `Moderation` the NIP-86 API uses (relay/ingest/moderation.py),
+so a banned event leaves with its tag rows, projected rows and negentropy
 entries, and `relay verify` stays clean.  A relay serving the same database
-reads the change within `[admin] refresh_seconds`.  Bans are per database:
+reads the change at once when it has worker processes (the change went
+through its writer), else within `[admin] refresh_seconds`.  Bans are per database:
 on a mesh, ban on each node.
 """
 
@@ -17,9 +19,9 @@ import json
 import sys
 from pathlib import Path
 
+from relay.commands.through import WritePath, open_write_path
 from relay.config import Config
 from relay.ingest.moderation import Moderation
-from relay.node import open_store
 from relay.protocol.event import is_hex64
 from relay.server.management import MAX_REASON, admin_ban_refusal, block_refusal
 from relay.store.location import DatabaseUnusable
@@ -46,8 +48,9 @@ def _valid(what: str, item: str) -> str | None:
         return None
 
 
-async def _open(config: Config) -> Moderation:
-    """The moderation lists of the existing database at `store.path`.
+async def _open(config: Config) -> tuple[Moderation, WritePath]:
+    """The moderation lists of the existing database at `store.path`, and where changes to them are written
+    (through the running relay's writer when one serves it: every process then reads them at once)
 
     Raises:
         DatabaseUnusable: there is no file there: a mistyped `--db` would otherwise create a new database
@@ -55,7 +58,8 @@ async def _open(config: Config) -> Moderation:
     """
     if not Path(config.store.path).exists():
         raise DatabaseUnusable(config.store.path, "no such database (check --db)")
-    return await Moderation.open(await open_store(config, read_connections=1), config)
+    path = await open_write_path(config, read_connections=1)
+    return await Moderation.open(path.store, config), path
 
 
 async def run_ban(config: Config, what: str, item: str, reason: str, purge: bool) -> int:
@@ -80,7 +84,7 @@ async def run_ban(config: Config, what: str, item: str, reason: str, purge: bool
     if refusal is not None:  # as NIP-86 refuses it
         print(f"relay ban: {refusal}", file=sys.stderr)
         return 2
-    moderation = await _open(config)
+    moderation, path = await _open(config)
     try:
         if what == "ip":
             await moderation.add(BLOCKED_IP, key, reason)
@@ -96,7 +100,7 @@ async def run_ban(config: Config, what: str, item: str, reason: str, purge: bool
         print(f"relay ban: pubkey {item} banned" + (f"; {removed} stored events removed" if purge else ""))
         return 0
     finally:
-        await moderation.store.close()
+        await path.close()
 
 
 async def run_unban(config: Config, what: str, item: str) -> int:
@@ -108,11 +112,11 @@ async def run_unban(config: Config, what: str, item: str) -> int:
     if key is None:
         print(f"relay unban: not a valid {what}: {item!r}", file=sys.stderr)
         return 2
-    moderation = await _open(config)
+    moderation, path = await _open(config)
     try:
         gone = await moderation.remove(_LISTS[what], key)
     finally:
-        await moderation.store.close()
+        await path.close()
     print(f"relay unban: {what} {key} " + ("unbanned" if gone else "was not banned"))
     return 0 if gone else 1
 
@@ -126,8 +130,8 @@ async def run_bans(config: Config, as_json: bool) -> int:
     "ips": [{"ip", "reason", "at"}], "kinds": [{"kind": int, "rule": "allow" | "deny", "reason", "at"}]}`,
     `at` in unix seconds; else one tab-separated line each.
     """
-    moderation = await _open(config)
-    await moderation.store.close()
+    moderation, path = await _open(config)
+    await path.close()
     purging = {e.item for e in moderation.entries(PURGE_PUBKEY)}
     found = {
         "pubkeys": [{"pubkey": e.item, "reason": e.reason, "at": e.at, "purging": e.item in purging}

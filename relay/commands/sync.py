@@ -9,11 +9,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
 from relay.commands.interrupt import EXIT_INTERRUPTED, interruptible
+from relay.commands.through import open_write_path
 from relay.config import MIN_FRAME_SIZE_LIMIT, Config
 from relay.ingest import Ingest
 from relay.ingest.moderation import Moderation
 from relay.keys import NodeKeyError
-from relay.node import open_store
 from relay.protocol.envelopes import loads
 from relay.protocol.filters import parse_filter
 from relay.protocol.rejection import Rejection
@@ -57,9 +57,10 @@ async def sync_once(config: Config, url: str, filter_obj: dict, options: SyncOpt
         NodeKeyError: the node key file cannot be created or read.
     """
     key = node_key(config)
-    store = await open_store(config, read_connections=2)
+    path = await open_write_path(config, read_connections=2)  # through the running relay if one serves it
+    store = path.store
     states = await PeerStates.open(config.store.path)
-    ingest = Ingest.from_config(config, store, moderation=await Moderation.open(store, config))  # bans
+    ingest = path.wire(Ingest.from_config(config, store, moderation=await Moderation.open(store, config)))  # bans
     report = SyncReport() if report is None else report
     try:
         async with states.hold(url, new_owner(), config.sync.lease_seconds):
@@ -83,7 +84,7 @@ async def sync_once(config: Config, url: str, filter_obj: dict, options: SyncOpt
     finally:
         await ingest.aclose()
         await states.close()
-        await store.close()
+        await path.close()
     return report
 
 

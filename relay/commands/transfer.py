@@ -25,11 +25,11 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 
 from relay.commands.interrupt import EXIT_INTERRUPTED, interruptible
 from relay.commands.linereader import LineReader
+from relay.commands.through import open_write_path
 from relay.config import Config
 from relay.ingest import IMPORT, Ingest, Outcome
 from relay.ingest.moderation import Moderation
 from relay.ingest.outcome import EPHEMERAL, NEWER_VERSION
-from relay.node import open_store
 from relay.protocol.envelopes import loads
 from relay.protocol.event import Event, event_ref
 from relay.protocol.filters import parse_filter
@@ -203,8 +203,9 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None) ->
     except OSError as exc:
         print(f"relay import: {exc}", file=sys.stderr)
         return 2
-    store = await open_store(config, read_connections=1)
-    ingest = Ingest.from_config(config, store, moderation=await Moderation.open(store, config))  # bans
+    path = await open_write_path(config, read_connections=1)  # through the running relay if one serves it
+    store = path.store
+    ingest = path.wire(Ingest.from_config(config, store, moderation=await Moderation.open(store, config)))  # bans
     report = ImportReport()
     reader = LineReader(source.fileno(), config.limits.max_message_bytes)
     try:
@@ -217,7 +218,7 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None) ->
                 rejects_writer(out) if out is not None else None))
     finally:
         await ingest.aclose()
-        await store.close()
+        await path.close()
         if source is not sys.stdin.buffer:
             source.close()
         if out is not None:

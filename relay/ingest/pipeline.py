@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 
 import structlog
@@ -82,6 +82,11 @@ class Ingest:
         self.policies = policies or Policies()
         self.nip70_peers = nip70_peers
         self._refused: list[tuple[bytes, str]] = []  # peers' events refused by a policy, to record
+        # The last stage, after NIP-70: the policies and the writer queue here (`take_verified`); in a worker
+        # process, the local channel to the writer process, which runs `take_verified` (relay/channel/).
+        self.sink: Callable[[Event, Source, Done], None] = self.take_verified
+        # What callers await before submitting (back-pressure): the writer queue's room, or the channel's.
+        self.wait_for_room: Callable[[], Awaitable[None]] = store.wait_for_room
         self._recording: asyncio.Task | None = None
 
     @classmethod
@@ -104,7 +109,7 @@ class Ingest:
         `obj` is the event as a decoded JSON object, or its JSON text (bytes).
         `screen(event)`, right after parsing, raises a `Rejection` for an event
         the sender should not have sent (sync: not asked for).  Callers that
-        can wait should `await store.wait_for_room()` first (back-pressure).
+        can wait should `await self.wait_for_room()` first (back-pressure).
         Returns the parsed event, or None when it was refused before its
         signature check.
         """
@@ -139,7 +144,7 @@ class Ingest:
             if left == 0 and not all_done.done():
                 all_done.set_result(None)
 
-        await self.store.wait_for_room()
+        await self.wait_for_room()
         events = [self.submit(obj, source, partial(done, i), screen) for i, obj in enumerate(objects)]
         await all_done
         if self._recording is not None:
@@ -182,6 +187,12 @@ class Ingest:
             except Rejection as rejection:
                 done(Outcome.refused(rejection, settles=bool(source.origin)))
                 return
+        self.sink(event, source, done)
+
+    def take_verified(self, event: Event, source: Source, done: Done) -> None:
+        """The writer's side of ingest: `event`, already parsed and signature-checked (here, or by a worker
+        process: relay/channel/), through the `[[policies]]` listing `source`, then to the writer queue, or
+        live when ephemeral; `done(outcome)` as for `submit`."""
         chain = self.policies.chain(source)
         if chain:
             self.policies.judge(event, source, chain, partial(self._judged, event, source, done))

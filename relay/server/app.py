@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
 import weakref
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from http import HTTPStatus
 
+import orjson
 import structlog
 from websockets.asyncio.server import Server, ServerConnection, serve
 
@@ -89,17 +91,24 @@ class RelayServer:
         self.stored_results = ByteBudget(config.limits.max_stored_results_bytes)  # unsent REQ results, all connections
         self.rate_limits = RateLimits(config.rate_limits, stored_results=self.stored_results)
         self.negentropy = NegentropyService(config.negentropy, store, self.internal_error)  # NIP-77 responder
+        # A worker process's GET /health answer: (healthy, JSON body) saying whether it reaches the writer process;
+        # None (one process): "ok".
+        self.health: Callable[[], tuple[bool, dict]] | None = None
+        self.server_header: dict = {}  # a worker process names itself in its handshakes' Server header
         self.routes = self._routes(metrics_page)  # HTTP on the WebSocket port (relay/server/wire/http.py)
         self._connection_services = self._connection_parts()
 
-    async def listen(self) -> None:
-        """Start listening on `config.server` (port 0: any free port).
+    async def listen(self, sock: socket.socket | None = None) -> None:
+        """Start listening on `config.server` (port 0: any free port), or on `sock`, bound (a worker process's
+        share of the port: SO_REUSEPORT).
 
         Raises:
             OSError: the address cannot be bound (e.g. the port is taken).
         """
+        where = {"sock": sock} if sock is not None else {"host": self.config.server.host,
+                                                         "port": self.config.server.port}
         self.server = await serve(
-            self._handle, self.config.server.host, self.config.server.port,
+            self._handle, **where, **self.server_header,
             max_size=self.config.limits.max_message_bytes,
             max_queue=16, compression=None, ping_interval=None,  # pings: Wire.unresponsive
             create_connection=self._server_connection,
@@ -153,14 +162,17 @@ class RelayServer:
         except TimeoutError:
             log.warning("shutdown_timeout", step=name, waited_seconds=seconds, open_connections=len(self.connections))
 
-    def fanout(self, events: list[Event]) -> None:
-        """Deliver `events` (committed, or ephemeral) to every live subscription that matches them."""
+    def fanout(self, events: list[Event], seqs: list[int] | None = None) -> None:
+        """Deliver `events` (committed, or ephemeral) to every live subscription that matches them; `seqs`: the
+        committed ones' change feed positions (None for ephemeral events), which `LiveSubscription` compares
+        with its stored query's snapshot."""
         private_kinds = self.access.private_kinds
-        for event in events:
+        for i, event in enumerate(events):
             private = event.kind in private_kinds  # NIP-42: only to their authenticated author or recipient
+            seq = None if seqs is None else seqs[i]
             for sub in self.subscriptions.match(event):
                 if not private or sub.access.may_read(event):
-                    sub.deliver(event)
+                    sub.deliver(event, seq)
 
     def _connection_parts(self) -> ConnectionServices:
         """What connections and their handlers are given of this server."""
@@ -175,7 +187,7 @@ class RelayServer:
     def _routes(self, metrics_page: Handler) -> Routes:
         """The HTTP routes on the relay's port: one line each, the first that matches answers."""
         routes = Routes(self.config.server.paths)
-        routes.add("GET", "/health", _health)
+        routes.add("GET", "/health", self._health)
         routes.add("GET", "/metrics", metrics_page)
         for path in self.config.server.paths:  # the relay's endpoints (NIP-01)
             routes.add("GET", path, partial(_nip11, self.config, self.moderation),
@@ -202,6 +214,15 @@ class RelayServer:
         """Log an unexpected failure with its traceback; return the client's `error:` message."""
         log.error(what, error=repr(exc), exc_info=exc, **fields)
         return "error: internal"
+
+    async def _health(self, request: HttpRequest) -> HttpResponse:
+        """200 "ok"; in a worker process, 200 and {"writer": "ok", "workers": N, "worker": i}, or 503 and
+        "writer": "unreachable" when it has heard nothing from the writer process for a second."""
+        if self.health is None:
+            return HttpResponse(HTTPStatus.OK, b"ok\n", "text/plain")
+        healthy, body = self.health()
+        status = HTTPStatus.OK if healthy else HTTPStatus.SERVICE_UNAVAILABLE
+        return HttpResponse(status, orjson.dumps(body), "application/json")
 
     def _server_connection(self, *args, **kwargs) -> ServerConnection:
         # websockets lists a connection only once its opening handshake is done; shutdown resets the others too.
@@ -239,8 +260,6 @@ class RelayServer:
             log.info("connection_closed", code=ws.close_code)
 
 
-async def _health(request: HttpRequest) -> HttpResponse:
-    return HttpResponse(HTTPStatus.OK, b"ok\n", "text/plain")
 
 
 async def _nip11(config: Config, moderation: Moderation | None, request: HttpRequest) -> HttpResponse:

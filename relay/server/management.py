@@ -37,6 +37,7 @@ from relay.protocol.rejection import Rejection
 from relay.server import roles
 from relay.server.rpc import Method, MethodError, hex64, param, pubkey
 from relay.server.wire.http import HttpRequest, HttpResponse, route_path
+from relay.store import auth_claims
 from relay.store import moderation as lists
 
 log = structlog.get_logger(__name__)
@@ -231,7 +232,6 @@ class ManagementApi:
         self.path = route_path(self.url) or "/"  # NIP-86: the relay's own URI, as NIP-98's u tag names it
         self.max_age_seconds = config.admin.auth_max_age_seconds
         self.limits = limits
-        self._used: dict[str, float] = {}  # auth event id -> unix time its window ends (no replay)
 
     async def handle(self, request: HttpRequest) -> HttpResponse:
         """Answer one NIP-86 request: 415 for another Content-Type, 401 for bad auth or a method the signer may
@@ -262,13 +262,13 @@ class ManagementApi:
         allowed = None if event.pubkey in self.admins else await roles.permitted(self.moderation, event.pubkey)
         if allowed is not None and not allowed:
             raise Rejection("restricted", "this pubkey is not an admin of this relay and was granted no method")
-        self._used = {i: end for i, end in self._used.items() if end >= now}  # admins' and grantees': few
-        if event.id in self._used:
+        # One writer job for every process of the relay (relay/store/auth_claims.py), so no worker takes a replay.
+        if not await self.moderation.store.run_job(auth_claims.claim, event.id,
+                                                   event.created_at + self.max_age_seconds, int(now)):
             # Replay protection: NIP-98's id covers created_at, tags and content, not the signature, so two
             # identical calls signed within one second share it; the message says how to tell them apart.
             raise Rejection("invalid", "NIP-98: this auth event was used already; sign a new auth event (two "
                             "identical calls need different created_at or an extra tag)")
-        self._used[event.id] = event.created_at + self.max_age_seconds
         return event.pubkey, allowed
 
     async def _call(self, method: str, params: list, allowed: frozenset[str] | None) -> object:

@@ -33,8 +33,8 @@ from relay.store.search import LiveSearch
 class Subscriber(Protocol):
     """The receiving end of a live subscription (a connection's REQ)."""
 
-    def deliver(self, event: Event) -> None:
-        """Take one matching event; must not block."""
+    def deliver(self, event: Event, seq: int | None = None) -> None:
+        """Take one matching event (at change feed position `seq`, None: not known); must not block."""
 
 
 def _index_keys(f: Filter, search_kinds: frozenset[int]) -> list[tuple] | None:
@@ -122,22 +122,28 @@ class LiveSubscription:
     """A REQ's live side: `deliver` queues each matching event in `outbox`, or holds it in `pending` until
     the REQ's EOSE is sent (then `pending` is None); `access` says which private events it may get (NIP-42)."""
 
-    __slots__ = ("sub_id", "filters", "access", "outbox", "pending", "task")
+    __slots__ = ("sub_id", "filters", "access", "outbox", "pending", "task", "seen_through")
 
     def __init__(self, sub_id: str, filters: list[Filter], access: ConnectionAccess, outbox: Outbox) -> None:
         self.sub_id = sub_id
         self.filters = filters
         self.access = access
         self.outbox = outbox
-        self.pending: list[Event] | None = []
+        self.pending: list[tuple[Event, int | None]] | None = []  # (event, its change feed position)
         self.task: asyncio.Task | None = None  # sends the stored results, then EOSE
+        # The change feed's head when the stored query read its snapshot: an event at a position up to it was
+        # there to be found (None: not queried yet).  A worker process learns of commits late, from the feed.
+        self.seen_through: int | None = None
 
-    def deliver(self, event: Event) -> None:
-        """Take a matching new event without blocking (held until EOSE, at most `outbox.max_live` of them)."""
+    def deliver(self, event: Event, seq: int | None = None) -> None:
+        """Take a matching new event without blocking (held until EOSE, at most `outbox.max_live` of them);
+        `seq`, its change feed position when known, drops it if the stored query's snapshot already held it."""
+        if seq is not None and self.seen_through is not None and seq <= self.seen_through:
+            return
         if self.pending is None:
             self.outbox.push_live(encode_event(self.sub_id, event.raw))
         elif len(self.pending) < self.outbox.max_live:
-            self.pending.append(event)
+            self.pending.append((event, seq))
         else:
             self.outbox.slow_reader()
 

@@ -117,6 +117,7 @@ class BatchPlan:
     outcomes: list[tuple[bool, str]] = field(default_factory=list)
     inserts: dict[bytes, Row] = field(default_factory=dict)  # by id, in arrival order
     accepted: list[Event] = field(default_factory=list)
+    accepted_seqs: list[int] = field(default_factory=list)  # each accepted event's change feed position
     removed: list[Row] = field(default_factory=list)  # stored or batch rows that leave
     reasons: dict[int, str] = field(default_factory=dict)  # removed row's seq -> why (`feed.SUPERSEDED`, ...)
     deleted_ids: list[tuple[bytes, bytes]] = field(default_factory=list)  # (id, pubkey) to delete if stored
@@ -156,6 +157,7 @@ class BatchPlan:
         self.state.next_seq += 1
         self.inserts[idb] = row
         self.accepted.append(event)
+        self.accepted_seqs.append(row.seq)
         if coordinate is not None:
             self.state.live[coordinate] = row
         if event.kind == DELETION_KIND:

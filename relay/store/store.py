@@ -17,7 +17,7 @@ import asyncio
 import sqlite3
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,6 +107,8 @@ class Store:
         # Told (events, seconds) of every write transaction: the relay's metrics (relay/metrics.py).
         self.on_batch: Callable[[int, float], None] = lambda events, seconds: None
         self._failure: BaseException | None = None
+        # A reader's `run_job` hands the job to the writer process instead (relay/channel/worker.py), or None.
+        self.forward_job: Callable[..., Awaitable[object]] | None = None
 
     @classmethod
     async def open(cls, path: Path | str, options: StoreOptions = StoreOptions(),
@@ -138,6 +140,31 @@ class Store:
         if options.checkpoint_interval_seconds > 0:
             store._checkpoint_conn = await db.connect(store.path, options.synchronous)
             store._checkpoint_task = asyncio.create_task(store._checkpoint_loop(), name="store-checkpoint")
+        return store
+
+    @classmethod
+    async def open_reader(cls, path: Path | str, options: StoreOptions = StoreOptions(),
+                          hooks: Sequence[TransactionHook] = ()) -> Store:
+        """The database at `path` for reading only (a worker process): `options.read_connections` read
+        connections, no writer task, no checkpoints.  `enqueue` answers "error:" and `run_job` raises
+        `StoreFailed`: writes go through the writer process (relay/channel/).  `hooks` are never set up nor
+        run here (the writer does); those with an `attach(conn)` find their tables, for the readers of their
+        indexes (NIP-77, NIP-50).
+
+        Raises:
+            DatabaseUnusable: the database cannot be opened (e.g. absent: the writer creates it).
+        """
+        store = cls(Path(path), options, hooks)
+        try:
+            for _ in range(options.read_connections):
+                store._readers.put_nowait(await db.connect(store.path, readonly=True))
+            for hook in store.hooks:
+                if hasattr(hook, "attach"):
+                    await store._read(hook.attach)
+        except (OSError, sqlite3.Error) as exc:
+            await store.close()
+            raise DatabaseUnusable(store.path, str(exc)) from exc
+        store._failure = StoreFailed("this process only reads the database; the writer process writes")
         return store
 
     async def _checkpoint_loop(self) -> None:
@@ -205,9 +232,14 @@ class Store:
         to `hooks` as `writes.purge_expired` does, so client writes interleave
         with a long job split into many.  Listeners get its `Changes`.
 
+        In a store opened with `open_reader`, the job goes to `forward_job`
+        when set (the writer process runs it).
+
         Raises:
             StoreFailed: the writer has failed (before or while running it).
         """
+        if self.forward_job is not None:
+            return await self.forward_job(job, *args)
         if self._failure is not None:
             raise StoreFailed("the relay cannot store events now")
         future = self._loop.create_future()
@@ -301,6 +333,10 @@ class Store:
 
         return await self._read(in_transaction, *args)
 
+    async def head(self) -> int:
+        """The change feed's head: the position of the newest change (0: none yet)."""
+        return await self.read_snapshot(feed.head)
+
     async def changes(self, since: int, limit: int) -> list[feed.Change]:
         """The first `limit` changes of the change feed after cursor `since` (relay/store/feed.py), in one snapshot.
 
@@ -324,16 +360,29 @@ class Store:
         Raises:
             Rejection: "error:" when the statements ran past `timeout_seconds` (0: no bound).
         """
-        now = int(time.time())
-        cap = max_limit if max_rows is None else min(max_limit, max_rows)
-        compiled = [
-            compile_filter(f, min(cap, default_limit if f.limit is None else f.limit), now, private)
-            for f in filters
-            if not f.is_empty() and f.limit != 0
-        ]
+        compiled = _compile_query(filters, default_limit, max_limit, private, max_rows)
         if not compiled:
             return []
         return await self._read(run_with_deadline, timeout_seconds, run_query, compiled, max_rows, max_bytes)
+
+    async def query_at_head(self, filters: list[Filter], default_limit: int, max_limit: int,
+                            private: PrivateKinds | None = None, max_rows: int | None = None,
+                            timeout_seconds: float = 0.0, max_bytes: int | None = None) -> tuple[list[bytes], int]:
+        """`query`, and the change feed's head read in the same read transaction: (raw events, head).
+
+        Every event committed at a position up to `head` is in the snapshot the
+        events came from, so a live subscription skips those (relay/server/).
+
+        Raises:
+            Rejection: "error:" when the statements ran past `timeout_seconds` (0: no bound).
+        """
+        compiled = _compile_query(filters, default_limit, max_limit, private, max_rows)
+
+        def query_and_head(conn: sqlite3.Connection) -> tuple[list[bytes], int]:
+            rows = run_query(conn, compiled, max_rows, max_bytes) if compiled else []
+            return rows, feed.head(conn)
+
+        return await self.read_snapshot(run_with_deadline, timeout_seconds, query_and_head)
 
     async def count(self, filters: list[Filter], private: PrivateKinds | None = None,
                     timeout_seconds: float = 0.0) -> int:
@@ -397,3 +446,12 @@ class Store:
             await self._readers.get_nowait().close()
         if self._writer_conn is not None:
             await self._writer_conn.close()
+
+
+def _compile_query(filters: list[Filter], default_limit: int, max_limit: int, private: PrivateKinds | None,
+                   max_rows: int | None) -> list:
+    """The statements of a REQ's `filters` (see `Store.query`); empty ones and `limit: 0` select nothing."""
+    now = int(time.time())
+    cap = max_limit if max_rows is None else min(max_limit, max_rows)
+    return [compile_filter(f, min(cap, default_limit if f.limit is None else f.limit), now, private)
+            for f in filters if not f.is_empty() and f.limit != 0]

@@ -64,6 +64,8 @@ class Changes:
     origins: dict[str, str] = field(default_factory=dict)
     # removed row's seq (its insertion's position in the change feed) -> reason (relay/store/feed.py)
     reasons: dict[int, str] = field(default_factory=dict)
+    # each inserted event's position in the change feed, in the order of `inserted`
+    seqs: list[int] = field(default_factory=list)
 
     def net(self) -> tuple[list[Event], list[Removed]]:
         """(events inserted and still stored, rows removed that were stored before this transaction)."""
@@ -243,7 +245,7 @@ def apply_batch(conn: sqlite3.Connection, writes: list[Write], hooks: Sequence[T
         in_batch = [r for r in plan.removed if r.event is not None]
         changes = Changes(plan.accepted, stored_removed + in_batch,
                           {w.event.id: w.origin for w in writes if w.origin},  # peer sync: no echo to the origin
-                          plan.reasons)
+                          plan.reasons, plan.accepted_seqs)
         feed.log_removals(cur, changes.removed, changes.reasons, plan.state.next_seq)
         _run_hooks(cur, hooks, changes)
     return plan.outcomes, changes

@@ -33,7 +33,7 @@ async def handle_event(ctx: Context, envelope: EventEnvelope) -> None:
     outbox = ctx.outbox
     if outbox.in_flight >= ctx.limits.max_events_in_flight:
         await outbox.slot_freed()
-    await ctx.services.store.wait_for_room()
+    await ctx.services.ingest.wait_for_room()
     if outbox.closed or ctx.draining:
         return  # the socket is gone or the relay is stopping: not taken, never answered
     outbox.take_slot()

@@ -7,8 +7,11 @@ answer at a time per connection), takes the answer's size from the
 stored-results budget (the client IP's share of the relay's), and writes it in
 chunks paced by the socket: a client that takes nothing, or too little, for
 `stored_results_timeout_seconds` is dropped (1008) and the budget given back.
-After EOSE come the live events that arrived meanwhile, minus those already
-among the stored results.
+After EOSE come the live events that arrived meanwhile, minus those the
+stored query's snapshot held: the query reads the change feed's head in the
+same read transaction, and an event at a position up to it was there to be
+found (a worker process learns of commits from the feed, so late: the same
+check drops those it delivers after EOSE).
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ import asyncio
 from websockets.exceptions import ConnectionClosed
 
 from relay.protocol.envelopes import CloseEnvelope, ReqEnvelope, encode_closed, encode_eose, encode_event
-from relay.protocol.event import RAW_ID
 from relay.server.budget import ByteBudget
 from relay.server.handlers.context import Context
 from relay.server.outbox import RateWindow, chunks, stored_results_refusal
@@ -64,16 +66,18 @@ async def _serve_stored(ctx: Context, sub: LiveSubscription) -> None:
             if refusal := stored_results_refusal(budget, services.stored_results, 1):  # before the query
                 raise refusal
             with services.metrics.req_seconds.time():
-                stored = await services.store.query(sub.filters, limits.default_limit, limits.max_limit,
-                                                    ctx.access.private, limits.max_query_rows,
-                                                    limits.query_timeout_seconds, limits.max_query_bytes)
-            sent = await _send_stored(ctx, sub.sub_id, stored, budget)
+                stored, sub.seen_through = await services.store.query_at_head(
+                    sub.filters, limits.default_limit, limits.max_limit, ctx.access.private, limits.max_query_rows,
+                    limits.query_timeout_seconds, limits.max_query_bytes)
+            await _send_stored(ctx, sub.sub_id, stored, budget)
         stored = None
         await ctx.send(encode_eose(sub.sub_id))
         pending, sub.pending = sub.pending, None
         push_live = ctx.outbox.push_live
-        for event in pending or ():
-            if event.id.encode() not in sent:
+        for event, seq in pending or ():
+            # An event at a position up to the snapshot's head was there for the stored query (sent, or left
+            # out by the limits); an ephemeral one has no position and is never stored.
+            if seq is None or seq > sub.seen_through:
                 push_live(encode_event(sub.sub_id, event.raw))
     except (ConnectionClosed, _StalledReader):
         pass
@@ -89,9 +93,9 @@ async def _serve_stored(ctx: Context, sub: LiveSubscription) -> None:
         stored = None
 
 
-async def _send_stored(ctx: Context, sub_id: str, stored: list[bytes], budget: ByteBudget) -> set[bytes]:
+async def _send_stored(ctx: Context, sub_id: str, stored: list[bytes], budget: ByteBudget) -> None:
     """Send stored results in chunks under `budget` (the relay's, or the client IP's share of it),
-    letting go of each chunk once sent; returns the ids sent (to skip live events already among them).
+    letting go of each chunk once sent.
 
     Raises:
         Rejection: "rate-limited:", nothing sent: the results do not fit in the budget.
@@ -106,7 +110,6 @@ async def _send_stored(ctx: Context, sub_id: str, stored: list[bytes], budget: B
         raise refusal
     budget.take(held)
     try:
-        sent = {raw[RAW_ID] for raw in stored}
         # One rate window over the whole answer: one chunk may take less than a window.
         min_rate = limits.stored_results_min_bytes_per_second
         window = RateWindow(limits.stored_results_timeout_seconds, min_rate) if min_rate else None
@@ -118,6 +121,5 @@ async def _send_stored(ctx: Context, sub_id: str, stored: list[bytes], budget: B
                 raise _StalledReader
             budget.release(size)
             held -= size
-        return sent
     finally:
         budget.release(held)

@@ -122,6 +122,13 @@ class NegentropyIndex:
                 numbers[spec] = number
         self._numbers = numbers
 
+    def attach(self, conn: sqlite3.Connection) -> None:
+        """Find the indexes `setup` made, without writing (a process that only reads: `Store.open_reader`)."""
+        # (a read connection returns TEXT as bytes: relay/store/db.py)
+        stored = {bytes(spec).decode(): number for spec, number in
+                  conn.execute("SELECT CAST(spec AS BLOB), filter_no FROM neg_filters")}
+        self._numbers = {spec: stored[spec] for spec in self._filters if spec in stored}
+
     def apply(self, cur: sqlite3.Cursor, changes: Changes) -> None:
         """Add the events inserted and remove the rows removed by one transaction (its `net()` changes)."""
         inserted, removed = changes.net()

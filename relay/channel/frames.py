@@ -1,0 +1,120 @@
+"""Frames of the local channel: a 4-byte big-endian length, then one JSON object (orjson) with a "type".
+
+| type        | direction        | fields                                                               |
+|-------------|------------------|----------------------------------------------------------------------|
+| `hello`     | worker -> writer | `worker` (index): sent once the worker listens                       |
+| `submit`    | worker -> writer | `id` (request), `event` (canonical JSON text, verified), `source`    |
+| `outcome`   | writer -> worker | `id`, `accepted`, `prefix`, `reason`, `settles` (after the COMMIT)   |
+| `commit`    | writer -> all    | a write transaction committed: read the change feed                  |
+| `ephemeral` | writer -> all    | `event`: an ephemeral event to fan out, never stored                 |
+| `heartbeat` | writer -> all    | every `HEARTBEAT_SECONDS`: the writer is alive                       |
+| `job`       | worker -> writer | `id`, `job`: a store job and its arguments (pickled, base64)         |
+| `job_done`  | writer -> worker | `id`, `result` (pickled, base64) or `error` (text)                   |
+| `moderation`| writer -> all    | a job changed the moderation lists: read them again                  |
+
+A `job` is what `Store.run_job` runs (NIP-86 management in a worker: bans,
+allow lists, roles); it is pickled, which only the relay's own processes
+may send: the socket is its user's alone (mode 0600 in a 0700 directory),
+and that user can write the database anyway.
+
+A `source` is the `Source` fields the writer's stage reads (relay/ingest/source.py):
+`name`, `origin`, `ip`, `pubkeys`, `fans_out_ephemeral`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import pickle
+from pathlib import Path
+
+import orjson
+
+from relay.ingest import Outcome, Source
+from relay.runtime import runtime_dir
+
+HEARTBEAT_SECONDS = 0.25
+MAX_FRAME_BYTES = 64 * 1024 * 1024  # far above one event (limits.max_message_bytes): a corrupt length, not data
+SOCKET_NAME = "writer.sock"
+
+
+class ChannelError(ConnectionError):
+    """The other end sent something that is not a frame (a length past MAX_FRAME_BYTES, bad JSON)."""
+
+
+def socket_path(db_path: str | Path) -> Path:
+    """The writer's channel socket of the relay serving the database at `db_path` (relay/runtime.py)."""
+    return runtime_dir(db_path) / SOCKET_NAME
+
+
+def encode(frame: dict) -> bytes:
+    """One frame: length prefix and JSON."""
+    body = orjson.dumps(frame)
+    return len(body).to_bytes(4, "big") + body
+
+
+async def read_frame(reader: asyncio.StreamReader) -> dict | None:
+    """The next frame, or None at a clean end of stream.
+
+    Raises:
+        ChannelError: not a frame.
+        asyncio.IncompleteReadError: the stream ended inside a frame.
+    """
+    try:
+        header = await reader.readexactly(4)
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial:
+            raise
+        return None
+    size = int.from_bytes(header, "big")
+    if size > MAX_FRAME_BYTES:
+        raise ChannelError(f"frame of {size} bytes")
+    try:
+        frame = orjson.loads(await reader.readexactly(size))
+    except orjson.JSONDecodeError as exc:
+        raise ChannelError(f"bad frame: {exc}") from None
+    if type(frame) is not dict:
+        raise ChannelError("a frame is a JSON object")
+    return frame
+
+
+def encode_source(source: Source) -> dict:
+    """What the writer's stage needs of `source` (its callables ran in the worker)."""
+    return {"name": source.name, "origin": source.origin, "ip": source.ip, "pubkeys": sorted(source.pubkeys),
+            "fans_out_ephemeral": source.fans_out_ephemeral}
+
+
+def decode_source(obj: dict) -> Source:
+    """The `Source` a worker encoded with `encode_source`."""
+    return Source(obj["name"], origin=obj["origin"], fans_out_ephemeral=obj["fans_out_ephemeral"], ip=obj["ip"],
+                  pubkeys=frozenset(obj["pubkeys"]))
+
+
+def encode_outcome(request: int, outcome: Outcome) -> dict:
+    """The `outcome` frame answering submit `request`."""
+    return {"type": "outcome", "id": request, "accepted": outcome.accepted, "prefix": outcome.prefix,
+            "reason": outcome.reason, "settles": outcome.settles}
+
+
+def decode_outcome(frame: dict) -> Outcome:
+    """The `Outcome` an `outcome` frame carries."""
+    return Outcome(frame["accepted"], frame["prefix"], frame["reason"], frame["settles"])
+
+
+def pack(value: object) -> str:
+    """`value` pickled, as base64 text (a `job` frame's job, a `job_done` frame's result)."""
+    return base64.b64encode(pickle.dumps(value)).decode()
+
+
+def unpack(text: str) -> object:
+    """The value `pack` made (only ever from this relay's own processes: see the module comment)."""
+    return pickle.loads(base64.b64decode(text))
+
+
+def remove_stale(path: Path) -> None:
+    """Remove a socket file left by a relay that died (the database lock says none runs now)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,157 @@
+"""A worker process's side of the local channel: submits to the writer, outcomes back, commits and heartbeats.
+
+How this works: `WriterChannel.submit` is a worker's ingest sink (after the
+signature check and NIP-70): it writes a `submit` frame and keeps `done`
+under a request id until the `outcome` frame comes back.  At most
+`max_in_flight` submits wait for outcomes; past that `wait_for_room` blocks,
+which is where a connection waits before it reads its next EVENT, so a
+writer that is behind stops this worker's clients, as its full queue does in
+one process.  `run()` reads the writer's frames until the channel closes:
+each `commit` and `heartbeat` calls `on_commit` (the feed follower reads the
+change feed), each `ephemeral` calls `on_ephemeral`.  `run_job` is a worker
+store's `forward_job`: NIP-86 changes run on the writer (a `job` frame).  When the channel
+closes, every submit still waiting is answered "error:" (a job raises
+`StoreFailed`) and `run` returns:
+the worker must then stop, since nothing it takes could be acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from relay.channel import frames
+from relay.ingest import Outcome, Source
+from relay.protocol.event import Event, trusted_event
+from relay.store.store import StoreFailed
+
+log = structlog.get_logger(__name__)
+
+WRITER_GONE = Outcome(False, "error", "the relay cannot store events now")
+
+
+class WriterChannel:
+    """A worker's connection to the writer at `path`; `connect()`, then `run()` until the writer is gone.
+
+    `on_commit()` runs on each commit wake-up and heartbeat; `on_ephemeral(event)` for each ephemeral event;
+    `on_moderation()` when the moderation lists changed.
+    """
+
+    def __init__(self, path: Path, max_in_flight: int, on_commit: Callable[[], None],
+                 on_ephemeral: Callable[[Event], None], on_moderation: Callable[[], None]) -> None:
+        self.path = path
+        self.max_in_flight = max_in_flight
+        self.on_commit = on_commit
+        self.on_ephemeral = on_ephemeral
+        self.on_moderation = on_moderation
+        self._jobs: dict[int, asyncio.Future] = {}
+        self.last_frame = 0.0  # time.monotonic() of the last frame from the writer
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, Callable[[Outcome], None]] = {}
+        self._room = asyncio.Event()
+        self._room.set()
+        self._closed = False
+
+    async def connect(self) -> None:
+        """Connect to the writer's socket.
+
+        Raises:
+            OSError: no writer listens there.
+        """
+        self._reader, self._writer = await asyncio.open_unix_connection(self.path, limit=frames.MAX_FRAME_BYTES)
+        self.last_frame = time.monotonic()
+
+    def hello(self, index: int) -> None:
+        """Tell the writer that worker `index` listens (from now on it is sent commits and ephemeral events)."""
+        self._send({"type": "hello", "worker": index})
+
+    def reached_within(self, seconds: float) -> bool:
+        """Whether a frame came from the writer within the last `seconds` (the /health answer)."""
+        return not self._closed and time.monotonic() - self.last_frame < seconds
+
+    def submit(self, event: Event, source: Source, done: Callable[[Outcome], None]) -> None:
+        """Ingest's sink here: hand `event` (verified) to the writer; `done(outcome)` once it has answered."""
+        if self._closed:
+            done(WRITER_GONE)
+            return
+        request = next(self._ids)
+        self._waiting[request] = done
+        if len(self._waiting) >= self.max_in_flight:
+            self._room.clear()
+        self._send({"type": "submit", "id": request, "event": event.raw.decode(),
+                    "source": frames.encode_source(source)})
+
+    async def wait_for_room(self) -> None:
+        """Wait while `max_in_flight` submits wait for their outcomes (back-pressure, as `Store.wait_for_room`)."""
+        if not self._room.is_set():
+            await self._room.wait()
+
+    async def run_job(self, job: Callable, *args) -> object:
+        """`Store.run_job` in a worker: the writer process runs `job(conn, hooks, *args)`; its result.
+
+        Raises:
+            StoreFailed: the job failed there, or the writer is gone.
+        """
+        if self._closed:
+            raise StoreFailed(WRITER_GONE.reason)
+        request = next(self._ids)
+        future = self._jobs[request] = asyncio.get_running_loop().create_future()
+        self._send({"type": "job", "id": request, "job": frames.pack((job, args))})
+        return await future
+
+    async def run(self) -> None:
+        """Read the writer's frames until the channel closes (then every waiting submit gets "error:")."""
+        try:
+            while (frame := await frames.read_frame(self._reader)) is not None:
+                self.last_frame = time.monotonic()
+                self._handle(frame)
+        except (ConnectionError, asyncio.IncompleteReadError) as exc:
+            log.error("channel_failed", error=repr(exc))
+        finally:
+            self._closed = True
+            waiting, self._waiting = self._waiting, {}
+            self._room.set()
+            for done in waiting.values():
+                done(WRITER_GONE)
+            jobs, self._jobs = self._jobs, {}
+            for future in jobs.values():
+                future.done() or future.set_exception(StoreFailed(WRITER_GONE.reason))
+
+    def close(self) -> None:
+        """Close the connection (`run` then returns)."""
+        if self._writer is not None:
+            self._writer.close()
+
+    def _handle(self, frame: dict) -> None:
+        kind = frame.get("type")
+        if kind == "outcome":
+            done = self._waiting.pop(frame["id"], None)
+            if len(self._waiting) < self.max_in_flight:
+                self._room.set()
+            if done is not None:
+                done(frames.decode_outcome(frame))
+        elif kind in ("commit", "heartbeat"):
+            self.on_commit()
+        elif kind == "job_done":
+            future = self._jobs.pop(frame["id"], None)
+            if future is None or future.done():
+                return
+            if "error" in frame:
+                future.set_exception(StoreFailed(frame["error"]))
+            else:
+                future.set_result(frames.unpack(frame["result"]))
+        elif kind == "moderation":
+            self.on_moderation()
+        elif kind == "ephemeral":
+            self.on_ephemeral(trusted_event(frame["event"].encode()))
+
+    def _send(self, frame: dict) -> None:
+        if not self._writer.is_closing():
+            self._writer.write(frames.encode(frame))

@@ -1,0 +1,171 @@
+"""The writer process's side of the local channel: workers' events in, outcomes, commits and heartbeats out.
+
+How this works: `ChannelServer` listens on the relay's Unix socket (mode
+0600, in its runtime directory).  Each worker connection gets a task that
+reads one frame at a time; before it reads the next, it waits while the
+store's writer queue is full (`Store.wait_for_room`), so a full writer stops
+this worker's connections from reading, not a buffer growing here.  A
+`submit` becomes an `Event` again without a second signature check (the
+worker verified it: `trusted_event`) and goes through ingest's writer stage
+(`Ingest.take_verified`: the `[[policies]]`, then the writer queue, or
+live when ephemeral); its `outcome` frame goes back after the COMMIT.
+After each write transaction one `commit` frame goes to every worker
+(coalesced: one per loop iteration); ephemeral events go to every worker as
+`ephemeral`; a `heartbeat` every `HEARTBEAT_SECONDS` lets workers tell a
+live writer from a stuck or dead one.  A `job` (a worker's NIP-86 change) runs
+on the store's writer; then every worker is told to read the moderation
+lists again (`moderation`), so a ban applies in every worker at once.  A worker that stops reading its
+frames (more than `MAX_UNREAD_BYTES` waiting) is disconnected: it exits and
+is restarted, as a slow reader is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from functools import partial
+from pathlib import Path
+
+import structlog
+
+from relay.channel import frames
+from relay.ingest import Ingest, Outcome
+from relay.ingest.outcome import INTERNAL
+from relay.protocol.event import Event, trusted_event
+from relay.store.writes import Changes
+
+log = structlog.get_logger(__name__)
+
+MAX_UNREAD_BYTES = 256 * 1024 * 1024  # frames written to one worker and not yet read by it
+
+
+class ChannelServer:
+    """The writer's end: `await start()`, `await close()`; `workers` counts the connected workers (hello)."""
+
+    def __init__(self, path: Path, ingest: Ingest) -> None:
+        self.path = path
+        self.ingest = ingest
+        self.workers: dict[asyncio.StreamWriter, int] = {}  # connected workers -> index, once they said hello
+        self.ready = asyncio.Event()  # set at each hello (the supervisor counts them)
+        self._server: asyncio.Server | None = None
+        self._heartbeat: asyncio.Task | None = None
+        self._commit_pending = False
+        self._tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        """Listen on `path` (a stale socket file removed first), only this user may connect, and start beating.
+
+        Raises:
+            OSError: the socket cannot be made.
+        """
+        frames.remove_stale(self.path)
+        self._server = await asyncio.start_unix_server(self._serve, self.path, limit=frames.MAX_FRAME_BYTES)
+        os.chmod(self.path, 0o600)
+        self._heartbeat = asyncio.create_task(self._beat_forever(), name="channel-heartbeat")
+
+    async def close(self) -> None:
+        """Stop listening and drop every worker connection; the socket file is removed."""
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self.workers):
+            writer.close()
+        for task in list(self._tasks):
+            task.cancel()
+        frames.remove_stale(self.path)
+
+    def on_commit(self, changes: Changes) -> None:
+        """Store listener: after a write transaction, wake every worker (one frame per loop iteration)."""
+        if changes.inserted and not self._commit_pending:
+            self._commit_pending = True
+            asyncio.get_running_loop().call_soon(self._send_commit)
+
+    def broadcast_ephemeral(self, event: Event) -> None:
+        """Ingest's `live`: an ephemeral event taken here goes to every worker's live subscriptions."""
+        self._broadcast({"type": "ephemeral", "event": event.raw.decode()})
+
+    def _send_commit(self) -> None:
+        self._commit_pending = False
+        self._broadcast({"type": "commit"})
+
+    def _broadcast(self, frame: dict) -> None:
+        data = frames.encode(frame)
+        for writer in list(self.workers):
+            self._write(writer, data)
+
+    def _write(self, writer: asyncio.StreamWriter, data: bytes) -> None:
+        if writer.is_closing():
+            return
+        if writer.transport.get_write_buffer_size() > MAX_UNREAD_BYTES:
+            log.error("worker_not_reading", worker=self.workers.get(writer))
+            writer.close()
+            return
+        writer.write(data)
+
+    async def _beat_forever(self) -> None:
+        while True:
+            await asyncio.sleep(frames.HEARTBEAT_SECONDS)
+            self._broadcast({"type": "heartbeat"})
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._tasks.add(task)
+        try:
+            while True:
+                await self.ingest.store.wait_for_room()  # back-pressure: a full writer stops this worker's submits
+                frame = await frames.read_frame(reader)
+                if frame is None:
+                    break
+                self._handle(writer, frame)
+        except (ConnectionError, asyncio.IncompleteReadError) as exc:
+            log.warning("channel_closed", worker=self.workers.get(writer), error=repr(exc))
+        finally:
+            self._tasks.discard(task)
+            self.workers.pop(writer, None)
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    def _handle(self, writer: asyncio.StreamWriter, frame: dict) -> None:
+        kind = frame.get("type")
+        if kind == "submit":
+            done = partial(self._answer, writer, frame["id"])
+            try:
+                event = trusted_event(frame["event"].encode())
+                source = frames.decode_source(frame["source"])
+            except (KeyError, TypeError, ValueError) as exc:  # a worker's bug, not a client's input
+                log.error("channel_bad_submit", error=repr(exc))
+                done(INTERNAL)
+                return
+            self.ingest.take_verified(event, source, done)
+        elif kind == "job":
+            self._spawn(self._run_job(writer, frame["id"], frame["job"]))
+        elif kind == "hello":
+            self.workers[writer] = frame.get("worker", -1)
+            self.ready.set()
+        else:
+            log.warning("channel_unknown_frame", type=kind)
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_job(self, writer: asyncio.StreamWriter, request: int, packed: str) -> None:
+        """Run a worker's store job on the writer (NIP-86 management), answer it, then tell every worker to
+        read the moderation lists again (the writer's own copy first)."""
+        answer: dict = {"type": "job_done", "id": request}
+        try:
+            job, args = frames.unpack(packed)
+            answer["result"] = frames.pack(await self.ingest.store.run_job(job, *args))
+        except Exception as exc:  # the job's failure is the caller's answer (StoreFailed there)
+            answer["error"] = repr(exc)
+        if self.ingest.moderation is not None:
+            await self.ingest.moderation.load()
+        self._write(writer, frames.encode(answer))
+        self._broadcast({"type": "moderation"})
+
+    def _answer(self, writer: asyncio.StreamWriter, request: int, outcome: Outcome) -> None:
+        self._write(writer, frames.encode(frames.encode_outcome(request, outcome)))

@@ -1,0 +1,72 @@
+"""Command-line writes through the running relay: `relay import`, `relay sync` and `relay ban` on a database
+that `relay serve` serves hand their events and store jobs to its writer process.
+
+How this works: when the relay's channel socket (relay/channel/, in its
+runtime directory) accepts a connection, the command opens the store for
+reading only (`Store.open_reader`) and writes through the channel, as a
+worker does: events go through the command's own `Ingest` (parse, rules,
+signatures on its pool, NIP-70) and then to the writer (`WriterChannel.submit`),
+which runs the `[[policies]]`, commits, and fans them out to its live
+subscribers (and peers); store jobs (bans, sync leases) run on the writer
+(`Store.forward_job`).  With no relay running (no socket, or nobody
+listening), the command opens the store for writing itself, as before.
+Only a relay with `server.workers` > 0 listens on the channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from relay.channel.frames import socket_path
+from relay.channel.worker import WriterChannel
+from relay.config import Config
+from relay.hooks import hooks
+from relay.ingest import Ingest
+from relay.node import open_store
+from relay.store.store import Store
+
+
+@dataclass
+class WritePath:
+    """Where a command writes: `store`, and the running relay's `channel` (None: the store's own writer)."""
+
+    store: Store
+    channel: WriterChannel | None = None
+    _reading: asyncio.Task | None = None
+
+    def wire(self, ingest: Ingest) -> Ingest:
+        """`ingest` (built on `store`), its last stage sent to the running relay's writer if there is one."""
+        if self.channel is not None:
+            ingest.sink, ingest.wait_for_room = self.channel.submit, self.channel.wait_for_room
+        return ingest
+
+    async def close(self) -> None:
+        """Close the store (its writer drains first), then the channel."""
+        await self.store.close()
+        if self.channel is not None:
+            self.channel.close()
+            await self._reading
+
+
+async def open_write_path(config: Config, read_connections: int) -> WritePath:
+    """The running relay's writer when it serves the database of `config`, else the store opened for writing.
+
+    Raises:
+        DatabaseUnusable: the database cannot be opened.
+    """
+    channel = WriterChannel(socket_path(config.store.path), config.store.writer_queue_size, _nothing, _nothing,
+                            _nothing)
+    try:
+        await channel.connect()
+    except OSError:  # no relay serves it (a socket file of one that died refuses connections)
+        return WritePath(await open_store(config, read_connections))
+    store = await Store.open_reader(config.store.path, config.store.options(read_connections,
+                                                                            config.server.public_url),
+                                    hooks(config))  # (sync reads the NIP-77 index)
+    store.forward_job = channel.run_job
+    return WritePath(store, channel, asyncio.create_task(channel.run()))
+
+
+def _nothing(*args) -> None:
+    """A command gets no commits, heartbeats or ephemeral events (it never says hello)."""

@@ -1,0 +1,230 @@
+"""`relay serve` with `server.workers` > 0: one writer process and its worker processes (issue 16).
+
+How this works: once `relay.node.run` holds the database's and the port's
+locks, `serve_processes` (this process: the writer) reserves the port with a
+socket bound with SO_REUSEPORT but never listening (port 0 thus gives one
+port to every worker), starts a `Node` that does not serve (the store with
+its hooks and the one writer, moderation with its purges, the expiry purge,
+retention, memory trim and peer sync: sync needs the write path and its
+leases), then the local channel (relay/channel/writer.py) on the runtime
+directory's `writer.sock`, then `count` worker processes (relay/worker.py),
+and logs `relay_started` once each of them listens.
+
+Supervision: a worker that exits while the relay runs is started again
+(`worker_restarted`, counted in `relay_worker_restarts_total`): its
+connections are lost, nothing acknowledged is.  SIGTERM or SIGINT: every
+worker is sent SIGTERM and drains (its connections get the OKs of what they
+sent, the writer still answering), past `shutdown_timeout_seconds` it is
+killed; then the writer stops as one process does.  The same SIGTERM sent to
+the whole process group ends the same way.  A writer that fails stops the
+relay (exit 1); if this process dies, its workers see the channel close, and
+the parent-death signal, and exit (relay/worker.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import pickle
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from relay.channel.frames import socket_path
+from relay.channel.writer import ChannelServer
+from relay.config import Config
+from relay.metrics import Metrics
+from relay.node import Node, run, start_or_exit_code
+from relay.protocol.event import Event
+from relay.runtime import runtime_dir
+from relay.worker import reuseport_socket
+
+log = structlog.get_logger(__name__)
+
+AUTO_MAX_WORKERS = 8
+START_TIMEOUT_SECONDS = 30.0  # for every worker to listen
+_RESTART_DELAY_SECONDS = 0.5  # between a worker's death and its restart (a crash loop stays slow)
+_CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+
+
+def worker_count(workers: int | str) -> int:
+    """`server.workers` as a count: "auto" is the CPUs this process may use (its affinity, bounded by the
+    cgroup v2 quota, rounded up), at most AUTO_MAX_WORKERS."""
+    if workers != "auto":
+        return int(workers)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cpus, _cgroup_cpus() or cpus, AUTO_MAX_WORKERS))
+
+
+def _cgroup_cpus() -> int | None:
+    """CPUs of the cgroup v2 quota (`cpu.max`: "QUOTA PERIOD", or "max PERIOD": none), rounded up."""
+    try:
+        quota, period = _CGROUP_CPU_MAX.read_text().split()[:2]
+        return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        return None
+
+
+async def serve(config: Config) -> int:
+    """`relay serve`: one process when `server.workers` is 0, else a writer and its workers; the exit code."""
+    count = worker_count(config.server.workers)
+    return await run(config, None if count == 0 else lambda c: serve_processes(c, count))
+
+
+class WorkerPool:
+    """`count` worker processes kept running; `start()`, then `stop(deadline)`."""
+
+    def __init__(self, config_path: Path, port: int, count: int, metrics: Metrics) -> None:
+        self.config_path = config_path
+        self.port = port
+        self.count = count
+        self.metrics = metrics
+        self.stopping = False
+        self._procs: dict[int, asyncio.subprocess.Process] = {}
+        self._tasks: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        """Start every worker, each kept running by a task of its own."""
+        self._tasks = [asyncio.create_task(self._keep(i), name=f"worker-{i}") for i in range(self.count)]
+
+    async def stop(self, timeout: float) -> None:
+        """SIGTERM every worker; those still running after `timeout` seconds get SIGKILL."""
+        self.stopping = True
+        for proc in self._procs.values():
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), timeout)
+        except TimeoutError:
+            for index, proc in self._procs.items():
+                if proc.returncode is None:
+                    log.warning("worker_killed", worker=index, waited_seconds=timeout)
+                    proc.kill()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _keep(self, index: int) -> None:
+        while True:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "relay.worker", str(self.config_path), str(index), str(self.port),
+                str(self.count), stdin=asyncio.subprocess.DEVNULL)
+            self._procs[index] = proc
+            code = await proc.wait()
+            if self.stopping:
+                return
+            self.metrics.worker_restarts.inc()
+            log.warning("worker_restarted", worker=index, exit_code=code)
+            await asyncio.sleep(_RESTART_DELAY_SECONDS)
+
+
+class Processes:
+    """The writer's side of `count` workers, for `serve_processes` and tests: `await start(stop)`, `await stop()`.
+
+    After a successful start: `node` (the writer's `Node`, no server), `port` (the port the workers share),
+    `url`.
+    """
+
+    def __init__(self, config: Config, count: int) -> None:
+        self.config = config
+        self.count = count
+        self.node = Node(config, serve=False)
+        self.port = 0
+        self._reserved: socket.socket | None = None
+        self._channel: ChannelServer | None = None
+        self._pool: WorkerPool | None = None
+        self._config_path = runtime_dir(config.store.path) / "config.pickle"
+
+    @property
+    def url(self) -> str:
+        """ws://host:port of the relay."""
+        return f"ws://{self.config.server.host}:{self.port}"
+
+    async def start(self, stop: asyncio.Event | None = None) -> int | None:
+        """Reserve the port, start the writer's node, the channel and the workers; None once every worker
+        listens, else the exit code (the failure logged, what had started stopped again).  `stop`, when set,
+        ends the wait for the workers."""
+        config = self.config
+        try:
+            self._reserved = reuseport_socket(config.server.host, config.server.port)
+        except OSError as exc:
+            log.error("listen_failed", host=config.server.host, port=config.server.port, error=str(exc))
+            return 1
+        self.port = self._reserved.getsockname()[1]
+        if (code := await start_or_exit_code(self.node)) is not None:
+            self._reserved.close()
+            return code
+        node = self.node
+        self._channel = channel = ChannelServer(socket_path(config.store.path), node.ingest)
+        await channel.start()
+        node.ingest.live = _both(node.ingest.live, channel.broadcast_ephemeral)
+        node.store.add_listener(channel.on_commit)
+        self._config_path.write_bytes(pickle.dumps(config))
+        self._pool = WorkerPool(self._config_path, self.port, self.count, node.metrics)
+        self._pool.start()
+        if not await _wait_for_workers(channel, self.count, stop or asyncio.Event()):
+            await self.stop()
+            return 1
+        return None
+
+    async def stop(self) -> None:
+        """Stop the workers (they drain), then the channel and the writer's node."""
+        if self._pool is not None:
+            await self._pool.stop(self.config.server.shutdown_timeout_seconds + 5.0)
+        if self._channel is not None:
+            await self._channel.close()
+        await self.node.stop()
+        if self._reserved is not None:
+            self._reserved.close()
+        self._config_path.unlink(missing_ok=True)
+
+
+async def serve_processes(config: Config, count: int) -> int:
+    """The writer process of `count` workers (see the module): serve until SIGINT/SIGTERM; the exit code."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    processes = Processes(config, count)
+    if (code := await processes.start(stop)) is not None:
+        return code
+    log.info("relay_started", url=processes.url, db=str(config.store.path), workers=count)
+    code = await _serve_until_stopped(processes.node, stop)
+    await processes.stop()
+    return code
+
+
+async def _wait_for_workers(channel: ChannelServer, count: int, stop: asyncio.Event) -> bool:
+    """True once `count` workers said hello (or `stop` is set); False, logged, past START_TIMEOUT_SECONDS."""
+    deadline = asyncio.get_running_loop().time() + START_TIMEOUT_SECONDS
+    while len(channel.workers) < count and not stop.is_set():
+        channel.ready.clear()
+        try:
+            await asyncio.wait_for(channel.ready.wait(), deadline - asyncio.get_running_loop().time())
+        except TimeoutError:
+            log.error("workers_not_started", started=len(channel.workers), workers=count)
+            return False
+    return True
+
+
+async def _serve_until_stopped(node: Node, stop: asyncio.Event) -> int:
+    stopped = asyncio.create_task(stop.wait())
+    writer = node.store.writer_task
+    done, _ = await asyncio.wait({stopped, writer}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if writer in done:
+        log.error("store_failed", error=repr(writer.exception()))
+        return 1
+    return 0
+
+
+def _both(first: Callable[[Event], None] | None, then: Callable[[Event], None]) -> Callable[[Event], None]:
+    """`first(event)` (if any), then `then(event)`."""
+    def both(event: Event) -> None:
+        if first is not None:
+            first(event)
+        then(event)
+    return both
