@@ -99,7 +99,7 @@ async def serve_worker(config: Config, index: int, port: int, count: int) -> int
 
     server = RelayServer(config, store, ingest, metrics, metrics_page)
     add_status_page(server, moderation)
-    follower = FeedFollower(store, server.fanout)
+    follower = FeedFollower(store, server.fanout, server.subscriptions.empty)
     reloads: set[asyncio.Task] = set()
 
     def reload_moderation() -> None:  # a ban made through another worker applies here at once

@@ -7,7 +7,11 @@ one beat) sets an event; one task then reads `Store.changes(cursor, BATCH)`
 until it has caught up, turns each insertion still stored into an `Event`
 (trusted: the writer's process checked it) and hands them, with their
 positions, to `deliver` (`RelayServer.fanout`), which drops an event a
-subscription's stored query already saw.  Removals need no fan-out.
+subscription's stored query already saw.  Removals need no fan-out.  While
+the worker has no live subscription (`idle()`), the cursor moves to the head
+a commit frame names without reading anything: a subscription opened later
+runs its stored query after that commit, so it drops every event up to that
+head anyway (a pure ingest load costs workers no feed reads).
 """
 
 from __future__ import annotations
@@ -27,12 +31,18 @@ BATCH = 1000  # changes read per feed query
 
 
 class FeedFollower:
-    """Follows the change feed of `store` from its head; `start()`, `wake()` on commits, `stop()`."""
+    """Follows the change feed of `store` from its head; `start()`, `wake(head)` on commits, `stop()`.
 
-    def __init__(self, store: Store, deliver: Callable[[list[Event], list[int]], None]) -> None:
+    `idle()` says whether no live subscription exists in this process.
+    """
+
+    def __init__(self, store: Store, deliver: Callable[[list[Event], list[int]], None],
+                 idle: Callable[[], bool]) -> None:
         self.store = store
         self.deliver = deliver
+        self.idle = idle
         self.cursor = 0
+        self._head = 0  # the largest committed position a commit frame named
         self._woken = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -41,8 +51,10 @@ class FeedFollower:
         self.cursor = await self.store.head()
         self._task = asyncio.create_task(self._follow_forever(), name="feed-follower")
 
-    def wake(self) -> None:
-        """Something may have been committed: read the feed from the cursor."""
+    def wake(self, head: int | None = None) -> None:
+        """Something may have been committed (up to position `head`, when known): read the feed from the cursor."""
+        if head is not None and head > self._head:
+            self._head = head
         self._woken.set()
 
     def stop(self) -> None:
@@ -64,6 +76,9 @@ class FeedFollower:
 
     async def _catch_up(self) -> None:
         while True:
+            if self.idle():  # checked after every await: see the module comment
+                self.cursor = max(self.cursor, self._head)
+                return
             changes = await self.store.changes(self.cursor, BATCH)
             if not changes:
                 return

@@ -7,8 +7,8 @@ under a request id until the `outcome` frame comes back.  At most
 which is where a connection waits before it reads its next EVENT, so a
 writer that is behind stops this worker's clients, as its full queue does in
 one process.  `run()` reads the writer's frames until the channel closes:
-each `commit` and `heartbeat` calls `on_commit` (the feed follower reads the
-change feed), each `ephemeral` calls `on_ephemeral`.  `run_job` is a worker
+each `commit` calls `on_commit(head)` with the largest position committed
+and each `heartbeat` `on_commit(None)` (the feed follower reads the change feed), each `ephemeral` calls `on_ephemeral`.  `run_job` is a worker
 store's `forward_job`: NIP-86 changes run on the writer (a `job` frame).  When the channel
 closes, every submit still waiting is answered "error:" (a job raises
 `StoreFailed`) and `run` returns:
@@ -38,11 +38,12 @@ WRITER_GONE = Outcome(False, "error", "the relay cannot store events now")
 class WriterChannel:
     """A worker's connection to the writer at `path`; `connect()`, then `run()` until the writer is gone.
 
-    `on_commit()` runs on each commit wake-up and heartbeat; `on_ephemeral(event)` for each ephemeral event;
+    `on_commit(head)` runs on each commit wake-up (`head`: the largest change feed position committed) and
+    heartbeat (None); `on_ephemeral(event)` for each ephemeral event;
     `on_moderation()` when the moderation lists changed.
     """
 
-    def __init__(self, path: Path, max_in_flight: int, on_commit: Callable[[], None],
+    def __init__(self, path: Path, max_in_flight: int, on_commit: Callable[[int | None], None],
                  on_ephemeral: Callable[[Event], None], on_moderation: Callable[[], None]) -> None:
         self.path = path
         self.max_in_flight = max_in_flight
@@ -52,7 +53,7 @@ class WriterChannel:
         self._jobs: dict[int, asyncio.Future] = {}
         self.last_frame = 0.0  # time.monotonic() of the last frame from the writer
         self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._out: frames.FrameWriter | None = None
         self._ids = itertools.count(1)
         self._waiting: dict[int, Callable[[Outcome], None]] = {}
         self._room = asyncio.Event()
@@ -65,7 +66,8 @@ class WriterChannel:
         Raises:
             OSError: no writer listens there.
         """
-        self._reader, self._writer = await asyncio.open_unix_connection(self.path, limit=frames.MAX_FRAME_BYTES)
+        self._reader, writer = await asyncio.open_unix_connection(self.path, limit=frames.MAX_FRAME_BYTES)
+        self._out = frames.FrameWriter(writer)
         self.last_frame = time.monotonic()
 
     def hello(self, index: int) -> None:
@@ -126,8 +128,8 @@ class WriterChannel:
 
     def close(self) -> None:
         """Close the connection (`run` then returns)."""
-        if self._writer is not None:
-            self._writer.close()
+        if self._out is not None:
+            self._out.writer.close()
 
     def _handle(self, frame: dict) -> None:
         kind = frame.get("type")
@@ -137,8 +139,10 @@ class WriterChannel:
                 self._room.set()
             if done is not None:
                 done(frames.decode_outcome(frame))
-        elif kind in ("commit", "heartbeat"):
-            self.on_commit()
+        elif kind == "commit":
+            self.on_commit(frame.get("head"))
+        elif kind == "heartbeat":
+            self.on_commit(None)
         elif kind == "job_done":
             future = self._jobs.pop(frame["id"], None)
             if future is None or future.done():
@@ -153,5 +157,4 @@ class WriterChannel:
             self.on_ephemeral(trusted_event(frame["event"].encode()))
 
     def _send(self, frame: dict) -> None:
-        if not self._writer.is_closing():
-            self._writer.write(frames.encode(frame))
+        self._out.send(frame)

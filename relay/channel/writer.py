@@ -46,11 +46,12 @@ class ChannelServer:
     def __init__(self, path: Path, ingest: Ingest) -> None:
         self.path = path
         self.ingest = ingest
-        self.workers: dict[asyncio.StreamWriter, int] = {}  # connected workers -> index, once they said hello
+        self.workers: dict[frames.FrameWriter, int] = {}  # connected workers -> index, once they said hello
         self.ready = asyncio.Event()  # set at each hello (the supervisor counts them)
         self._server: asyncio.Server | None = None
         self._heartbeat: asyncio.Task | None = None
         self._commit_pending = False
+        self._head = 0  # the largest change feed position committed with an insertion
         self._tasks: set[asyncio.Task] = set()
 
     async def start(self) -> None:
@@ -70,15 +71,18 @@ class ChannelServer:
             self._heartbeat.cancel()
         if self._server is not None:
             self._server.close()
-        for writer in list(self.workers):
-            writer.close()
+        for out in list(self.workers):
+            out.writer.close()
         for task in list(self._tasks):
             task.cancel()
         frames.remove_stale(self.path)
 
     def on_commit(self, changes: Changes) -> None:
         """Store listener: after a write transaction, wake every worker (one frame per loop iteration)."""
-        if changes.inserted and not self._commit_pending:
+        if not changes.inserted:
+            return
+        self._head = max(self._head, *changes.seqs)
+        if not self._commit_pending:
             self._commit_pending = True
             asyncio.get_running_loop().call_soon(self._send_commit)
 
@@ -88,21 +92,20 @@ class ChannelServer:
 
     def _send_commit(self) -> None:
         self._commit_pending = False
-        self._broadcast({"type": "commit"})
+        self._head = 0  # the largest change feed position committed with an insertion
+        self._broadcast({"type": "commit", "head": self._head})
 
     def _broadcast(self, frame: dict) -> None:
         data = frames.encode(frame)
-        for writer in list(self.workers):
-            self._write(writer, data)
+        for out in list(self.workers):
+            self._write(out, data)
 
-    def _write(self, writer: asyncio.StreamWriter, data: bytes) -> None:
-        if writer.is_closing():
+    def _write(self, out: frames.FrameWriter, data: bytes) -> None:
+        if out.buffered() > MAX_UNREAD_BYTES:
+            log.error("worker_not_reading", worker=self.workers.get(out))
+            out.writer.close()
             return
-        if writer.transport.get_write_buffer_size() > MAX_UNREAD_BYTES:
-            log.error("worker_not_reading", worker=self.workers.get(writer))
-            writer.close()
-            return
-        writer.write(data)
+        out.send_encoded(data)
 
     async def _beat_forever(self) -> None:
         while True:
@@ -112,26 +115,27 @@ class ChannelServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         self._tasks.add(task)
+        out = frames.FrameWriter(writer)
         try:
             while True:
                 await self.ingest.store.wait_for_room()  # back-pressure: a full writer stops this worker's submits
                 frame = await frames.read_frame(reader)
                 if frame is None:
                     break
-                self._handle(writer, frame)
+                self._handle(out, frame)
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
-            log.warning("channel_closed", worker=self.workers.get(writer), error=repr(exc))
+            log.warning("channel_closed", worker=self.workers.get(out), error=repr(exc))
         finally:
             self._tasks.discard(task)
-            self.workers.pop(writer, None)
+            self.workers.pop(out, None)
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
 
-    def _handle(self, writer: asyncio.StreamWriter, frame: dict) -> None:
+    def _handle(self, out: frames.FrameWriter, frame: dict) -> None:
         kind = frame.get("type")
         if kind == "submit":
-            done = partial(self._answer, writer, frame["id"])
+            done = partial(self._answer, out, frame["id"])
             try:
                 event = trusted_event(frame["event"].encode())
                 source = frames.decode_source(frame["source"])
@@ -141,9 +145,9 @@ class ChannelServer:
                 return
             self.ingest.take_verified(event, source, done)
         elif kind == "job":
-            self._spawn(self._run_job(writer, frame["id"], frame["job"]))
+            self._spawn(self._run_job(out, frame["id"], frame["job"]))
         elif kind == "hello":
-            self.workers[writer] = frame.get("worker", -1)
+            self.workers[out] = frame.get("worker", -1)
             self.ready.set()
         else:
             log.warning("channel_unknown_frame", type=kind)
@@ -153,7 +157,7 @@ class ChannelServer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run_job(self, writer: asyncio.StreamWriter, request: int, packed: str) -> None:
+    async def _run_job(self, out: frames.FrameWriter, request: int, packed: str) -> None:
         """Run a worker's store job on the writer (NIP-86 management), answer it, then tell every worker to
         read the moderation lists again (the writer's own copy first)."""
         answer: dict = {"type": "job_done", "id": request}
@@ -164,8 +168,8 @@ class ChannelServer:
             answer["error"] = repr(exc)
         if self.ingest.moderation is not None:
             await self.ingest.moderation.load()
-        self._write(writer, frames.encode(answer))
+        self._write(out, frames.encode(answer))
         self._broadcast({"type": "moderation"})
 
-    def _answer(self, writer: asyncio.StreamWriter, request: int, outcome: Outcome) -> None:
-        self._write(writer, frames.encode(frames.encode_outcome(request, outcome)))
+    def _answer(self, out: frames.FrameWriter, request: int, outcome: Outcome) -> None:
+        self._write(out, frames.encode(frames.encode_outcome(request, outcome)))

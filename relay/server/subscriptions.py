@@ -95,6 +95,10 @@ class SubscriptionIndex:
                     if not entries:
                         del self._by_key[key]
 
+    def empty(self) -> bool:
+        """Whether no filter is filed (no live subscription could match anything)."""
+        return not self._by_key and not self._wildcards
+
     def match(self, event: Event) -> list[Subscriber]:
         """Subscribers with at least one filter matching `event`, each once."""
         found: dict[Subscriber, None] = {}
