@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import orjson
 from coincurve import PublicKeyXOnly
@@ -243,10 +244,20 @@ def verify_signature(event: Event) -> bool:
     coincurve releases the GIL, so callers batch this on worker threads.
     """
     try:
-        key = PublicKeyXOnly(bytes.fromhex(event.pubkey))
-        return key.verify(bytes.fromhex(event.sig), bytes.fromhex(event.id))
+        return _xonly_key(event.pubkey).verify(bytes.fromhex(event.sig), bytes.fromhex(event.id))
     except ValueError:
         return False
+
+
+@lru_cache(maxsize=16_384)
+def _xonly_key(pubkey: str) -> PublicKeyXOnly:
+    """The parsed key of a hex pubkey, kept for the authors seen most recently: parsing it (a point
+    decompression) took 6% of a worker's CPU during ingest, and most events come from authors seen before.
+
+    Raises:
+        ValueError: not hex, or not a point on the curve (never kept).
+    """
+    return PublicKeyXOnly(bytes.fromhex(pubkey))
 
 
 def check_signature(event: Event) -> None:
