@@ -98,7 +98,7 @@ async def serve_worker(config: Config, index: int, port: int, count: int) -> int
                                     hooks(config))  # (their indexes are read here: NIP-77, NIP-50)
     moderation = await Moderation.open(store, config)
     ingest = Ingest.from_config(config, store, moderation=moderation)
-    metrics = Metrics(inherited_multiprocess(), writer=False)  # (before any metric is made)
+    metrics = Metrics(inherited_multiprocess(), writer=False)  # (the shared directory joined first)
     ip_table = open_ip_table(runtime_dir(config.store.path), config.rate_limits, index)
 
     async def metrics_page(request: HttpRequest) -> HttpResponse:
