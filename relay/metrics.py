@@ -79,6 +79,16 @@ def join_multiprocess(directory: Path) -> None:
         values.ValueClass = values.MultiProcessValue()
 
 
+def inherited_multiprocess() -> Path | None:
+    """A worker: the metrics directory its writer made (`start_multiprocess`: PROMETHEUS_MULTIPROC_DIR, inherited),
+    joined; None when there is none (a writer inside a test's process keeps one registry per process)."""
+    directory = os.environ.get(_ENV)
+    if directory is None:
+        return None
+    join_multiprocess(Path(directory))
+    return Path(directory)
+
+
 def mark_process_dead(pid: int, directory: Path) -> None:
     """A worker `pid` died: its live gauges (connections, subscriptions, ...) leave the sums; its counters stay."""
     multiprocess.mark_process_dead(pid, str(directory))

@@ -13,7 +13,8 @@ counted and fanned out to live subscriptions, then offered to peers.
 `run(config)` is `relay serve`: it holds the database's and the port's locks
 (relay/locks.py: one relay per database and per port), owns the process
 tuning (malloc, GC, switch interval) and stops on SIGINT/SIGTERM or when the
-writer fails.
+writer fails.  One process (`server.workers` = 0) also listens on the local
+channel (relay/channel/), so command-line writes go through its writer.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from pathlib import Path
 
 import structlog
 
+from relay.channel.frames import socket_path
+from relay.channel.writer import ChannelServer
 from relay.config import Config, ConfigError
 from relay.hooks import hooks
 from relay.ingest import Ingest
@@ -80,10 +83,10 @@ class Node:
     without peers), `metrics` (served at /metrics).
     """
 
-    def __init__(self, config: Config, serve: bool = True) -> None:
+    def __init__(self, config: Config, serve: bool = True, metrics: Metrics | None = None) -> None:
         self.config = config
         self.serves = serve  # False: the writer process of `server.workers`, whose workers serve (relay/supervisor.py)
-        self.metrics = Metrics()
+        self.metrics = metrics or Metrics()  # (the writer of workers gives its multiprocess one)
         self.store: Store | None = None
         self.records: RecordApi | None = None  # the Python API of records (relay/ingest/records.py), once started
         self.ingest: Ingest | None = None
@@ -114,11 +117,20 @@ class Node:
             await store.close()
             raise
         self.records = RecordApi.from_config(config, store, self.ingest)  # get, query, put and delete rows
-        if not self.serves:
-            self._start_background()
-            self.sync = await start_sync(config, store, self.ingest)
-            return
-        self.server = RelayServer(config, store, self.ingest, self.metrics, self._metrics_page)
+        if self.serves:
+            await self._listen()
+        self._start_background()
+        # (the writer of workers watches no server: each worker watches its own)
+        self.metrics.watch(store, self.server, _projector_hook(store))
+        self.metrics.watch_policies(self.ingest.policies)
+        self.sync = await start_sync(config, store, self.ingest)
+        if self.sync is not None:
+            self.metrics.watch_peers(self.sync)
+
+    async def _listen(self) -> None:
+        """Build the server and listen; the store released again if it cannot (then OSError)."""
+        store = self.store
+        self.server = RelayServer(self.config, store, self.ingest, self.metrics, self._metrics_page)
         add_status_page(self.server, self.moderation)
         try:
             await self.server.listen()
@@ -128,13 +140,7 @@ class Node:
             await store.close()
             await self.ingest.aclose()
             raise
-        self._start_background()
-        log.info("relay_started", url=self.url, db=str(config.store.path))
-        self.metrics.watch(store, self.server, _projector_hook(store))
-        self.metrics.watch_policies(self.ingest.policies)
-        self.sync = await start_sync(config, store, self.ingest)
-        if self.sync is not None:
-            self.metrics.watch_peers(self.sync)
+        log.info("relay_started", url=self.url, db=str(self.config.store.path))
 
     def _start_background(self) -> None:
         """The expiry purge, the moderation refresh, memory trim, retention and the background builds of new or
@@ -232,7 +238,7 @@ def _projector_hook(store: Store) -> ProjectorHook | None:
     return next((h for h in store.hooks if isinstance(h, ProjectorHook)), None)
 
 
-def _unmap_large_blocks_when_freed() -> None:
+def unmap_large_blocks_when_freed() -> None:
     """Blocks of 1 MiB and more (a large REQ answer on its way) get pages of their own, unmapped when freed.
 
     glibc raises this threshold after each such block is freed (up to 32 MiB) and then keeps later ones in
@@ -266,8 +272,9 @@ async def _trim_memory_forever(trim: Callable[[int], int], seconds: float) -> No
         await asyncio.to_thread(trim, 0)
 
 
-def _tune_after_start() -> None:
-    """Process settings for a node that has started (`relay serve` only: tests share their process)."""
+def tune_after_start() -> None:
+    """Process settings for a relay process that has started: one process, the writer of workers, each worker
+    (`relay serve` only: tests share their process)."""
     # Start-up objects never die: keep them out of GC passes, and collect the
     # young generation less often (every event allocates a few containers).
     gc.freeze()
@@ -350,11 +357,14 @@ async def _serve(config: Config) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    _unmap_large_blocks_when_freed()
+    unmap_large_blocks_when_freed()
     node = Node(config)
     if (code := await start_or_exit_code(node)) is not None:
         return code
-    _tune_after_start()
+    tune_after_start()
+    # Command-line writes (relay import, sync, ban, record) reach this process's writer and its subscribers.
+    channel = ChannelServer(socket_path(config.store.path), node.ingest)
+    await channel.start()
     stopped = asyncio.create_task(stop.wait())
     writer = node.store.writer_task
     done, _ = await asyncio.wait({stopped, writer}, return_when=asyncio.FIRST_COMPLETED)
@@ -363,5 +373,6 @@ async def _serve(config: Config) -> int:
         log.error("store_failed", error=repr(writer.exception()))
         code = 1
     stopped.cancel()
+    await channel.close()
     await node.stop()
     return code

@@ -10,9 +10,16 @@ leases), then the local channel (relay/channel/writer.py) on the runtime
 directory's `writer.sock`, then `count` worker processes (relay/worker.py),
 and logs `relay_started` once each of them listens.
 
+What the processes share (README "Limits across processes"): before any
+worker starts, the writer makes the metrics directory (prometheus-client's
+multiprocess files, which the workers inherit through the environment) and
+the per-IP rate-limit table (relay/server/iptable.py) in the runtime
+directory, and it keeps the processes file (relay/processes.py) there.
+
 Supervision: a worker that exits while the relay runs is started again
-(`worker_restarted`, counted in `relay_worker_restarts_total`): its
-connections are lost, nothing acknowledged is.  SIGTERM or SIGINT: every
+(`worker_restarted`, counted in `relay_worker_restarts_total`, its restarts in
+the processes file): its connections are lost, nothing acknowledged is; what
+it held in the per-IP table and its live gauges are dropped first.  SIGTERM or SIGINT: every
 worker is sent SIGTERM and drains (its connections get the OKs of what they
 sent, the writer still answering), past `shutdown_timeout_seconds` it is
 killed; then the writer stops as one process does.  The same SIGTERM sent to
@@ -30,6 +37,7 @@ import pickle
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,10 +46,13 @@ import structlog
 from relay.channel.frames import socket_path
 from relay.channel.writer import ChannelServer
 from relay.config import Config
-from relay.metrics import Metrics
-from relay.node import Node, run, start_or_exit_code
+from relay.metrics import Metrics, mark_process_dead, start_multiprocess
+from relay.node import Node, run, start_or_exit_code, tune_after_start, unmap_large_blocks_when_freed
+from relay.processes import PROCESSES_FILE, WorkerProcess, write_processes
 from relay.protocol.event import Event
 from relay.runtime import runtime_dir
+from relay.server.iptable import IpTable
+from relay.server.ratelimit import create_ip_table
 from relay.worker import reuseport_socket
 
 log = structlog.get_logger(__name__)
@@ -77,15 +88,25 @@ async def serve(config: Config) -> int:
 
 
 class WorkerPool:
-    """`count` worker processes kept running; `start()`, then `stop(deadline)`."""
+    """`count` worker processes kept running; `start()`, then `stop(deadline)`.
 
-    def __init__(self, config_path: Path, port: int, count: int, metrics: Metrics) -> None:
+    Each start or restart rewrites the runtime directory's processes file (`relay status`); a worker that dies
+    leaves the shared per-IP table (`ip_table.clear_worker`) and the metrics' live sums (`mark_process_dead`)
+    before the next one starts.
+    """
+
+    def __init__(self, config_path: Path, port: int, count: int, metrics: Metrics, ip_table: IpTable,
+                 runtime: Path) -> None:
         self.config_path = config_path
         self.port = port
         self.count = count
         self.metrics = metrics
+        self.ip_table = ip_table
+        self.runtime = runtime
         self.stopping = False
+        self.started = time.time()  # the writer's start, for the processes file
         self._procs: dict[int, asyncio.subprocess.Process] = {}
+        self._states: dict[int, WorkerProcess] = {}
         self._tasks: list[asyncio.Task] = []
 
     def start(self) -> None:
@@ -108,35 +129,52 @@ class WorkerPool:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _keep(self, index: int) -> None:
+        restarts = 0
         while True:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "relay.worker", str(self.config_path), str(index), str(self.port),
                 str(self.count), stdin=asyncio.subprocess.DEVNULL)
             self._procs[index] = proc
+            self._states[index] = WorkerProcess(index, proc.pid, time.time(), restarts)
+            self._write_processes()
             code = await proc.wait()
+            self.ip_table.clear_worker(index)  # its connections' places and unsent bytes, per IP
+            if self.metrics.multiprocess_dir is not None:
+                mark_process_dead(proc.pid, self.metrics.multiprocess_dir)
             if self.stopping:
                 return
+            restarts += 1
             self.metrics.worker_restarts.inc()
             log.warning("worker_restarted", worker=index, exit_code=code)
             await asyncio.sleep(_RESTART_DELAY_SECONDS)
+
+    def _write_processes(self) -> None:
+        try:
+            write_processes(self.runtime, os.getpid(), self.started, list(self._states.values()))
+        except OSError as exc:  # only `relay status` misses it
+            log.warning("processes_file_failed", error=str(exc))
 
 
 class Processes:
     """The writer's side of `count` workers, for `serve_processes` and tests: `await start(stop)`, `await stop()`.
 
     After a successful start: `node` (the writer's `Node`, no server), `port` (the port the workers share),
-    `url`.
+    `url`.  `metrics_dir`: the metrics directory `start_multiprocess` made (None: the writer's metrics are its
+    own, and each worker's its own: a writer inside a test's process).
     """
 
-    def __init__(self, config: Config, count: int) -> None:
+    def __init__(self, config: Config, count: int, metrics_dir: Path | None = None) -> None:
         self.config = config
         self.count = count
-        self.node = Node(config, serve=False)
+        self.node = Node(config, serve=False, metrics=Metrics(metrics_dir, writer=True))
         self.port = 0
         self._reserved: socket.socket | None = None
         self._channel: ChannelServer | None = None
         self._pool: WorkerPool | None = None
-        self._config_path = runtime_dir(config.store.path) / "config.pickle"
+        self._ip_table: IpTable | None = None
+        self._refresh: asyncio.Task | None = None
+        self._runtime = runtime_dir(config.store.path)
+        self._config_path = self._runtime / "config.pickle"
 
     @property
     def url(self) -> str:
@@ -163,7 +201,11 @@ class Processes:
         node.ingest.live = _both(node.ingest.live, channel.broadcast_ephemeral)
         node.store.add_listener(channel.on_commit)
         self._config_path.write_bytes(pickle.dumps(config))
-        self._pool = WorkerPool(self._config_path, self.port, self.count, node.metrics)
+        self._ip_table = create_ip_table(self._runtime, config.rate_limits, self.count)  # before any worker opens it
+        if node.metrics.multiprocess_dir is not None:
+            self._refresh = asyncio.create_task(node.metrics.refresh_forever(), name="metrics-refresh")
+        self._pool = WorkerPool(self._config_path, self.port, self.count, node.metrics, self._ip_table,
+                                self._runtime)
         self._pool.start()
         if not await _wait_for_workers(channel, self.count, stop or asyncio.Event()):
             await self.stop()
@@ -174,6 +216,11 @@ class Processes:
         """Stop the workers (they drain), then the channel and the writer's node."""
         if self._pool is not None:
             await self._pool.stop(self.config.server.shutdown_timeout_seconds + 5.0)
+            (self._runtime / PROCESSES_FILE).unlink(missing_ok=True)
+        if self._refresh is not None:
+            self._refresh.cancel()
+        if self._ip_table is not None:
+            self._ip_table.close()
         if self._channel is not None:
             await self._channel.close()
         await self.node.stop()
@@ -188,9 +235,11 @@ async def serve_processes(config: Config, count: int) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    processes = Processes(config, count)
+    unmap_large_blocks_when_freed()
+    processes = Processes(config, count, start_multiprocess(runtime_dir(config.store.path)))
     if (code := await processes.start(stop)) is not None:
         return code
+    tune_after_start()
     log.info("relay_started", url=processes.url, db=str(config.store.path), workers=count)
     code = await _serve_until_stopped(processes.node, stop)
     await processes.stop()

@@ -5,7 +5,10 @@ these, giving each the pickled configuration's path, its index and the
 port it reserved.  A worker binds the same address with SO_REUSEPORT (the
 kernel spreads new connections over the workers), opens the store for
 reading only (`Store.open_reader`: its own read connections, no writer, no
-hooks) and serves WebSocket and HTTP as one process would, except that
+hooks), runs with its part of the relay-wide memory budgets
+(`worker_config`), the per-IP limits of the table all workers share and the
+metrics directory they share (relay/supervisor.py made both), and serves
+WebSocket and HTTP as one process would, except that
 ingest's last stage is the local channel to the writer (relay/channel/
 worker.py: the writer runs the `[[policies]]` and commits, and the OK waits
 for its answer) and live events come from the change feed
@@ -33,14 +36,16 @@ import structlog
 from relay.channel.follower import FeedFollower
 from relay.channel.frames import socket_path
 from relay.channel.worker import WriterChannel
-from relay.config import Config
+from relay.config import Config, worker_config
 from relay.hooks import hooks
 from relay.ingest import Ingest
 from relay.ingest.moderation import Moderation
 from relay.logging import configure_logging
-from relay.metrics import CONTENT_TYPE, Metrics
-from relay.node import add_status_page
+from relay.metrics import CONTENT_TYPE, Metrics, inherited_multiprocess
+from relay.node import add_status_page, tune_after_start, unmap_large_blocks_when_freed
+from relay.runtime import runtime_dir
 from relay.server.app import RelayServer
+from relay.server.ratelimit import open_ip_table
 from relay.server.wire.http import HttpRequest, HttpResponse
 from relay.store.store import Store
 
@@ -83,6 +88,7 @@ def _die_with_parent() -> None:
 async def serve_worker(config: Config, index: int, port: int, count: int) -> int:
     """Serve as worker `index` of `count` on `port` until stopped; returns the exit code (see the module)."""
     structlog.contextvars.bind_contextvars(worker=index)
+    config = worker_config(config, count)  # its part of the relay-wide memory budgets
     loop = asyncio.get_running_loop()
     stop, lost = asyncio.Event(), asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -92,12 +98,13 @@ async def serve_worker(config: Config, index: int, port: int, count: int) -> int
                                     hooks(config))  # (their indexes are read here: NIP-77, NIP-50)
     moderation = await Moderation.open(store, config)
     ingest = Ingest.from_config(config, store, moderation=moderation)
-    metrics = Metrics()
+    metrics = Metrics(inherited_multiprocess(), writer=False)  # (the shared directory joined first)
+    ip_table = open_ip_table(runtime_dir(config.store.path), config.rate_limits, index)
 
     async def metrics_page(request: HttpRequest) -> HttpResponse:
         return HttpResponse(HTTPStatus.OK, await metrics.render(), CONTENT_TYPE)
 
-    server = RelayServer(config, store, ingest, metrics, metrics_page)
+    server = RelayServer(config, store, ingest, metrics, metrics_page, ip_table)
     add_status_page(server, moderation)
     follower = FeedFollower(store, server.fanout, server.subscriptions.empty)
     reloads: set[asyncio.Task] = set()
@@ -121,6 +128,9 @@ async def serve_worker(config: Config, index: int, port: int, count: int) -> int
     metrics.watch_policies(ingest.policies)
     tasks = [asyncio.create_task(channel.run(), name="channel"),
              asyncio.create_task(moderation.refresh_forever(), name="moderation-refresh")]
+    if metrics.multiprocess_dir is not None:
+        tasks.append(asyncio.create_task(metrics.refresh_forever(), name="metrics-refresh"))
+    tune_after_start()
     channel.hello(index)
     log.info("worker_started", url=server.url, port=server.port)
     stopped, writer_gone = asyncio.create_task(stop.wait()), asyncio.create_task(lost.wait())
@@ -140,6 +150,7 @@ async def serve_worker(config: Config, index: int, port: int, count: int) -> int
     moderation.close()
     await store.close()
     await ingest.aclose()
+    ip_table.close()
     log.info("worker_stopped", exit_code=code)
     return code
 
@@ -155,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
 
     config_path, index, port, count = argv if argv is not None else sys.argv[1:]
     _die_with_parent()
+    unmap_large_blocks_when_freed()
     config: Config = pickle.loads(Path(config_path).read_bytes())
     configure_logging(config.log.level, config.log.format)
     return uvloop.run(serve_worker(config, int(index), int(port), int(count)))

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import orjson
 
+from relay.commands.through import open_write_path
 from relay.config import Config
 from relay.ingest import Ingest
 from relay.ingest.moderation import Moderation
 from relay.ingest.records import RecordApi, Written
 from relay.keys import NodeKeyError, load_or_create
-from relay.node import open_store
 from relay.protocol.rejection import Rejection
 from relay.store.records import RecordQueryError
 
@@ -31,18 +31,19 @@ NOT_AVAILABLE = 3
 async def open_records(config: Config) -> AsyncIterator[RecordApi]:
     """The records of `config`'s database, for one command.
 
-    The one place that chooses how a command reaches the writer: it opens the store itself (with its hooks,
-    `open_store`, as `relay import` does; SQLite's write lock serializes it with a relay serving the same
-    database, and the reservation row keeps created_at distinct).  Through a running relay's writer channel
-    when one serves the database is to be chosen here.
+    The one place that chooses how a command reaches the writer (relay/commands/through.py): when a relay
+    serves the database, through its writer (the created_at reservation a `job`, the signed event a `submit`,
+    so its live subscribers get it), else the store opened here with its hooks, as `relay import` does.
+    Either way the reservation is one writer transaction, so created_at stays distinct per coordinate.
     """
-    store = await open_store(config, read_connections=1)
-    ingest = Ingest.from_config(config, store, moderation=await Moderation.open(store, config))  # bans
+    path = await open_write_path(config, read_connections=1)
+    store = path.store
+    ingest = path.wire(Ingest.from_config(config, store, moderation=await Moderation.open(store, config)))  # bans
     try:
         yield RecordApi.from_config(config, store, ingest)
     finally:
         await ingest.aclose()
-        await store.close()
+        await path.close()
 
 
 async def run_record(config: Config, action: str, table: str, data: object, key_file: Path | None = None,

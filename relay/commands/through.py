@@ -1,5 +1,5 @@
-"""Command-line writes through the running relay: `relay import`, `relay sync` and `relay ban` on a database
-that `relay serve` serves hand their events and store jobs to its writer process.
+"""Command-line writes through the running relay: `relay import`, `relay sync`, `relay ban` and `relay record` on a
+database that `relay serve` serves hand their events and store jobs to its writer process.
 
 How this works: when the relay's channel socket (relay/channel/, in its
 runtime directory) accepts a connection, the command opens the store for
@@ -10,7 +10,7 @@ which runs the `[[policies]]`, commits, and fans them out to its live
 subscribers (and peers); store jobs (bans, sync leases) run on the writer
 (`Store.forward_job`).  With no relay running (no socket, or nobody
 listening), the command opens the store for writing itself, as before.
-Only a relay with `server.workers` > 0 listens on the channel.
+A relay of one process (`server.workers` = 0) listens on the channel too.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from relay.server.connection import BLOCKED, Connection, ConnectionServices
 from relay.server.handlers.context import HandlerMetrics, Services
 from relay.server.management import ManagementApi
 from relay.server.negentropy import NegentropyService
+from relay.server.iptable import IpTable
 from relay.server.ratelimit import TOO_MANY_CONNECTIONS, RateLimits
 from relay.server.search import live_search
 from relay.server.subscriptions import SubscriptionIndex
@@ -71,7 +72,7 @@ class RelayServer:
     """
 
     def __init__(self, config: Config, store: Store, ingest: Ingest, metrics: HandlerMetrics,
-                 metrics_page: Handler) -> None:
+                 metrics_page: Handler, ip_table: IpTable | None = None) -> None:
         self.config = config
         self.store = store
         self.ingest = ingest
@@ -89,7 +90,8 @@ class RelayServer:
         self.connections: set[Connection] = set()  # open ones, for shutdown and stats()
         self._sockets: weakref.WeakSet[ServerConnection] = weakref.WeakSet()  # every accepted one, from its first byte
         self.stored_results = ByteBudget(config.limits.max_stored_results_bytes)  # unsent REQ results, all connections
-        self.rate_limits = RateLimits(config.rate_limits, stored_results=self.stored_results)
+        # `ip_table`: a worker process's view of the per-IP limits every worker shares (None: this process's own)
+        self.rate_limits = RateLimits(config.rate_limits, stored_results=self.stored_results, table=ip_table)
         self.negentropy = NegentropyService(config.negentropy, store, self.internal_error)  # NIP-77 responder
         # A worker process's GET /health answer: (healthy, JSON body) saying whether it reaches the writer process;
         # None (one process): "ok".
