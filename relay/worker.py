@@ -107,15 +107,8 @@ async def serve_worker(config: Config, index: int, port: int, count: int) -> int
     server = RelayServer(config, store, ingest, metrics, metrics_page, ip_table)
     add_status_page(server, moderation)
     follower = FeedFollower(store, server.fanout, server.subscriptions.empty)
-    reloads: set[asyncio.Task] = set()
-
-    def reload_moderation() -> None:  # a ban made through another worker applies here at once
-        task = asyncio.ensure_future(moderation.load())
-        reloads.add(task)
-        task.add_done_callback(reloads.discard)
-
     channel = WriterChannel(socket_path(config.store.path), config.store.writer_queue_size, follower.wake,
-                            lambda event: server.fanout([event]), reload_moderation)
+                            lambda event: server.fanout([event]), moderation.load)
     await channel.connect()
     store.forward_job = channel.run_job  # NIP-86 changes: the writer process runs them
     ingest.sink, ingest.wait_for_room = channel.submit, channel.wait_for_room

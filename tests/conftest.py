@@ -7,6 +7,7 @@ import pytest
 from relay.config import load_config
 from tests.helpers import Client, Keys
 from tests.inprocess import Relay
+from tests.served import TEST_WORKERS
 
 
 def make_config(tmp_path, **sections):
@@ -63,3 +64,14 @@ def alice() -> Keys:
 @pytest.fixture
 def bob() -> Keys:
     return Keys(0xB0B)
+
+
+def pytest_collection_modifyitems(config, items):
+    """With RELAY_TEST_WORKERS > 0, deselect the tests marked `single_process` (they read the server's
+    in-process state, which then lives in the worker processes); the normal pass runs them all."""
+    if int(TEST_WORKERS) == 0:
+        return
+    marked = [item for item in items if item.get_closest_marker("single_process") is not None]
+    if marked:
+        config.hook.pytest_deselected(items=marked)
+        items[:] = [item for item in items if item.get_closest_marker("single_process") is None]

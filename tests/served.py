@@ -21,6 +21,16 @@ TEST_WORKERS = os.environ.get("RELAY_TEST_WORKERS", "0")
 """`server.workers` of every relay a test starts as a subprocess: 0 (one process) unless RELAY_TEST_WORKERS says."""
 
 
+def healthy(body: bytes) -> bool:
+    """True for the body of a 200 `GET /health` in the mode the tests run in (README: Processes): `ok` with
+    workers = 0; with TEST_WORKERS > 0, the answering worker's `{"writer": "ok", "workers": N, "worker": i}`."""
+    count = int(TEST_WORKERS)
+    if count == 0:
+        return body == b"ok\n"
+    answer = json.loads(body)
+    return answer["writer"] == "ok" and answer["workers"] == count and answer["worker"] in range(count)
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without any RELAY_* variable, with `server.workers` pinned to TEST_WORKERS,
     plus `extra`."""

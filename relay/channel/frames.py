@@ -10,7 +10,8 @@
 | `heartbeat` | writer -> all    | every `HEARTBEAT_SECONDS`: the writer is alive                       |
 | `job`       | worker -> writer | `id`, `job`: a store job and its arguments (pickled, base64)         |
 | `job_done`  | writer -> worker | `id`, `result` (pickled, base64) or `error` (text)                   |
-| `moderation`| writer -> all    | a job changed the moderation lists: read them again                  |
+| `moderation`| writer -> all    | `id`: a job changed the moderation lists: read them again            |
+| `moderation_loaded` | worker -> writer | `id`: read again; the job is answered once every worker has  |
 
 A `job` is what `Store.run_job` runs (NIP-86 management in a worker: bans,
 allow lists, roles); it is pickled, which only the relay's own processes

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import structlog
@@ -40,11 +40,11 @@ class WriterChannel:
 
     `on_commit(head)` runs on each commit wake-up (`head`: the largest change feed position committed) and
     heartbeat (None); `on_ephemeral(event)` for each ephemeral event;
-    `on_moderation()` when the moderation lists changed.
+    `await on_moderation()` when the moderation lists changed (read them again: the writer waits for it).
     """
 
     def __init__(self, path: Path, max_in_flight: int, on_commit: Callable[[int | None], None],
-                 on_ephemeral: Callable[[Event], None], on_moderation: Callable[[], None]) -> None:
+                 on_ephemeral: Callable[[Event], None], on_moderation: Callable[[], Awaitable[None]]) -> None:
         self.path = path
         self.max_in_flight = max_in_flight
         self.on_commit = on_commit
@@ -59,6 +59,7 @@ class WriterChannel:
         self._room = asyncio.Event()
         self._room.set()
         self._closed = False
+        self._reloads: set[asyncio.Task] = set()
 
     async def connect(self) -> None:
         """Connect to the writer's socket.
@@ -152,9 +153,19 @@ class WriterChannel:
             else:
                 future.set_result(frames.unpack(frame["result"]))
         elif kind == "moderation":
-            self.on_moderation()
+            self._spawn_reload(frame["id"])
         elif kind == "ephemeral":
             self.on_ephemeral(trusted_event(frame["event"].encode()))
+
+    def _spawn_reload(self, request: int) -> None:
+        task = asyncio.ensure_future(self._reload(request))
+        self._reloads.add(task)
+        task.add_done_callback(self._reloads.discard)
+
+    async def _reload(self, request: int) -> None:
+        """Read the moderation lists again, then tell the writer (which answers the NIP-86 change only then)."""
+        await self.on_moderation()
+        self._send({"type": "moderation_loaded", "id": request})
 
     def _send(self, frame: dict) -> None:
         self._out.send(frame)

@@ -14,7 +14,9 @@ After each write transaction one `commit` frame goes to every worker
 `ephemeral`; a `heartbeat` every `HEARTBEAT_SECONDS` lets workers tell a
 live writer from a stuck or dead one.  A `job` (a worker's NIP-86 change) runs
 on the store's writer; then every worker is told to read the moderation
-lists again (`moderation`), so a ban applies in every worker at once.  A worker that stops reading its
+lists again (`moderation`), and the job is answered once each has said so
+(`moderation_loaded`, waited for at most `MODERATION_WAIT_SECONDS`): a NIP-86
+change answered is in force in every worker.  A worker that stops reading its
 frames (more than `MAX_UNREAD_BYTES` waiting) is disconnected: it exits and
 is restarted, as a slow reader is dropped.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 from functools import partial
 from pathlib import Path
@@ -38,6 +41,7 @@ from relay.store.writes import Changes
 log = structlog.get_logger(__name__)
 
 MAX_UNREAD_BYTES = 256 * 1024 * 1024  # frames written to one worker and not yet read by it
+MODERATION_WAIT_SECONDS = 5.0  # for every worker to read the moderation lists again after a job (then logged)
 
 
 class ChannelServer:
@@ -53,6 +57,8 @@ class ChannelServer:
         self._commit_pending = False
         self._head = 0  # the largest change feed position committed with an insertion
         self._tasks: set[asyncio.Task] = set()
+        self._reload_ids = itertools.count(1)
+        self._reloading: dict[int, tuple[set[asyncio.StreamWriter], asyncio.Event]] = {}  # id -> workers to hear
 
     async def start(self) -> None:
         """Listen on `path` (a stale socket file removed first), only this user may connect, and start beating.
@@ -128,6 +134,8 @@ class ChannelServer:
         finally:
             self._tasks.discard(task)
             self.workers.pop(out, None)
+            for request in list(self._reloading):  # a worker gone reads no lists: not waited for
+                self._reloaded(out, request)
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
@@ -146,6 +154,8 @@ class ChannelServer:
             self.ingest.take_verified(event, source, done)
         elif kind == "job":
             self._spawn(self._run_job(out, frame["id"], frame["job"]))
+        elif kind == "moderation_loaded":
+            self._reloaded(out, frame["id"])
         elif kind == "hello":
             self.workers[out] = frame.get("worker", -1)
             self.ready.set()
@@ -168,8 +178,30 @@ class ChannelServer:
             answer["error"] = repr(exc)
         if self.ingest.moderation is not None:
             await self.ingest.moderation.load()
+        await self._reload_everywhere()
         self._write(out, frames.encode(answer))
-        self._broadcast({"type": "moderation"})
+
+    async def _reload_everywhere(self) -> None:
+        """Tell every worker to read the moderation lists again; return once each has (a `moderation_loaded`
+        frame) or is gone, or after MODERATION_WAIT_SECONDS (logged)."""
+        request = next(self._reload_ids)
+        waiting, heard = set(self.workers), asyncio.Event()
+        self._reloading[request] = (waiting, heard)
+        self._broadcast({"type": "moderation", "id": request})
+        try:
+            if waiting:
+                await asyncio.wait_for(heard.wait(), MODERATION_WAIT_SECONDS)
+        except TimeoutError:
+            log.warning("moderation_reload_late", workers=sorted(self.workers.get(w, -1) for w in waiting))
+        finally:
+            del self._reloading[request]
+
+    def _reloaded(self, out: frames.FrameWriter, request: int) -> None:
+        if (entry := self._reloading.get(request)) is not None:
+            waiting, heard = entry
+            waiting.discard(out)
+            if not waiting:
+                heard.set()
 
     def _answer(self, out: frames.FrameWriter, request: int, outcome: Outcome) -> None:
         self._write(out, frames.encode(frames.encode_outcome(request, outcome)))

@@ -22,7 +22,7 @@ async def _relay_with_events(tmp_path, stored: int = 1000, store: dict | None = 
     """A started relay holding the first `stored` real events (written through the store, signatures aside)."""
     relay = Relay(make_config(tmp_path, limits=limits, store=store or {}))
     await relay.start()
-    events = [parse_event(e, relay.event_limits, time.time()) for e in real_events(stored)]
+    events = [parse_event(e, relay.config.limits.event_limits(), time.time()) for e in real_events(stored)]
     await asyncio.gather(*(relay.store.submit(e) for e in events))
     return relay
 
@@ -123,7 +123,7 @@ async def test_an_event_larger_than_max_query_bytes_is_left_out_of_answers(tmp_p
     relay = await _relay_with_events(tmp_path, 20, max_query_bytes=1_048_576, max_content_bytes=2_000_000)
     client = await Client.connect(relay.url)
     try:
-        huge = parse_event(alice.sign(content="h" * 1_100_000), relay.event_limits, time.time())
+        huge = parse_event(alice.sign(content="h" * 1_100_000), relay.config.limits.event_limits(), time.time())
         await relay.store.submit(huge)
         private = PrivateKinds(frozenset(relay.config.auth.private_kinds))  # as an unauthenticated reader
         everything = [orjson.loads(raw)["id"] for raw in await relay.store.query([Filter()], 5000, 5000, private)]

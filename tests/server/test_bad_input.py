@@ -168,6 +168,7 @@ async def test_oversized_frame_closes_with_1009_and_others_are_served(tmp_path, 
         await relay.stop()
 
 
+@pytest.mark.single_process  # reads the server's slow_readers count
 async def test_slow_reader_is_disconnected_and_others_keep_going(tmp_path, alice):
     """A subscriber that never reads is dropped once its live queue overflows; a normal one gets everything."""
     # Small batches let the sender drain between commits; one commit may queue a whole batch.
@@ -199,6 +200,7 @@ async def test_slow_reader_is_disconnected_and_others_keep_going(tmp_path, alice
         await relay.stop()
 
 
+@pytest.mark.single_process  # reads the server's slow_readers count and captures its log in this process
 async def test_slow_reader_is_dropped_by_queued_bytes(tmp_path, alice):
     """A reader that never reads is dropped once its queued live bytes pass max_live_queue_bytes, even under the count limit."""
     relay = Relay(make_config(tmp_path, limits={"max_live_queue": 100_000, "max_live_queue_bytes": 200_000,

@@ -5,8 +5,13 @@ from __future__ import annotations
 import asyncio
 import gc
 
+import pytest
+
 from relay.server.subscriptions import LiveSubscription
 from tests.helpers import Client
+
+# Both tests read the server's connections and this process's live subscription objects.
+pytestmark = pytest.mark.single_process
 
 
 def _live_subscriptions() -> list[LiveSubscription]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import struct
 
+import pytest
+
 from tests.conftest import make_config
 from tests.helpers import Client, raw_websocket, read_until_reset
 from tests.inprocess import Relay
@@ -21,6 +23,7 @@ def _frames(data: bytes) -> list[tuple[int, bytes]]:
     return frames
 
 
+@pytest.mark.single_process  # reads the server's keepalive_timeouts count
 async def test_a_client_that_never_answers_a_ping_is_closed_and_one_that_does_stays(tmp_path, alice):
     """Pings every 0.5 s, 1 s to answer: a peer that completed the handshake and then reads nothing gets
     pings, then a close frame 1011 "keepalive ping timeout", and the relay resets the connection (when it

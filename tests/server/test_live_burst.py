@@ -16,6 +16,7 @@ from tests.helpers import Client, eventually, non_reader, store_events
 from tests.inprocess import Relay
 
 
+@pytest.mark.single_process  # reads the server's slow_readers count
 async def test_a_reader_keeping_up_gets_a_commit_larger_than_its_live_queue(tmp_path, alice):
     """One commit fanning out 220 kB to a reader (max_live_queue_bytes 64 KiB) reaches it whole; nobody is dropped."""
     relay = Relay(make_config(tmp_path, limits={"max_live_queue_bytes": 65_536, "max_message_bytes": 16_384},
@@ -35,6 +36,7 @@ async def test_a_reader_keeping_up_gets_a_commit_larger_than_its_live_queue(tmp_
         await relay.stop()
 
 
+@pytest.mark.single_process  # reads the server's connection objects
 async def test_a_non_reading_subscriber_is_handed_one_transaction_of_live_events_at_a_time(tmp_path, alice):
     """`store.max_batch_bytes` (1 MiB here) caps a transaction: 100 events of 100 kB queued at once are
     committed about ten at a time, and a live subscriber that reads nothing has at most one transaction's
@@ -61,6 +63,7 @@ async def test_a_non_reading_subscriber_is_handed_one_transaction_of_live_events
         await relay.stop()
 
 
+@pytest.mark.single_process  # reads the server's connection objects and this process's memory
 async def test_live_frames_waiting_for_a_non_reader_are_held_once(tmp_path, alice):
     """80 events of 100 kB (two transactions of at most 4 MiB) to a subscriber that reads nothing: while the
     first transaction's write waits for the socket, its frames live only in the transport's buffer (one joined

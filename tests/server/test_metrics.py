@@ -14,7 +14,7 @@ from relay.sync.state import add_counts
 from tests.conftest import make_config
 from tests.helpers import Client
 from tests.inprocess import Relay
-from tests.served import free_port
+from tests.served import free_port, healthy
 
 PEER = "ws://peer.example"  # a row in sync_peers that no configured peer writes
 
@@ -127,4 +127,5 @@ async def test_http_paths_ignore_the_query_string_and_cors_names_only_get(relay)
 
     status, methods, body = await asyncio.to_thread(get, "/metrics?x=1")
     assert (status, methods) == (200, "GET") and "relay_connections" in body
-    assert await asyncio.to_thread(get, "/health?probe") == (200, "GET", "ok\n")
+    status, methods, body = await asyncio.to_thread(get, "/health?probe")
+    assert (status, methods) == (200, "GET") and healthy(body.encode())

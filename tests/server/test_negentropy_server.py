@@ -99,6 +99,7 @@ async def test_full_set_reconciles_exactly_with_windows_and_limits(start):
     await client.close()
 
 
+@pytest.mark.single_process  # reads the server's negentropy sessions (items_held)
 async def test_indexed_filter_reconciles_exactly_from_the_index(start):
     """A configured filter is answered from its index: beyond max_sync_events, windows and limits exact."""
     relay = await start(negentropy={"filters": [{"kinds": [1]}], "max_sync_events": 5})
@@ -223,6 +224,7 @@ async def test_unsupported_version_is_answered_with_version_61(start):
     await client.close()
 
 
+@pytest.mark.single_process  # reads the server's negentropy sessions (items_held)
 async def test_too_many_query_results_is_blocked(start):
     """A filter answered by a query with more than max_sync_events results: NEG-ERR blocked; a limit makes it fit."""
     relay = await start(negentropy={"max_sync_events": 5})
@@ -236,6 +238,7 @@ async def test_too_many_query_results_is_blocked(start):
     await client.close()
 
 
+@pytest.mark.single_process  # reads the server's negentropy sessions (items_held)
 async def test_relay_wide_item_budget_is_enforced_and_released(start):
     """Sessions built from queries share max_session_items: past it NEG-ERR blocked; closing gives items back."""
     relay = await start(negentropy={"max_sync_events": 30, "max_session_items": 40})
@@ -277,6 +280,7 @@ async def test_sessions_per_connection_are_capped(start):
     await other.close()
 
 
+@pytest.mark.single_process  # reads the server's negentropy sessions (items_held)
 async def test_reopening_an_id_replaces_its_session(start):
     """NEG-OPEN on an open id replaces the session (its budget given back); negentropy ids are apart from REQ ids."""
     relay = await start(negentropy={"max_sessions_per_connection": 1})
@@ -306,6 +310,7 @@ async def test_reopening_an_id_replaces_its_session(start):
     await client.close()
 
 
+@pytest.mark.single_process  # reads the server's negentropy sessions (items_held)
 async def test_idle_session_is_closed_with_neg_err(start):
     """A session without messages for idle_timeout_seconds ends with NEG-ERR "closed:"; its items are released."""
     relay = await start(negentropy={"idle_timeout_seconds": 0.3})
@@ -322,6 +327,7 @@ async def test_idle_session_is_closed_with_neg_err(start):
     await client.close()
 
 
+@pytest.mark.single_process  # reads the server's negentropy sessions (items_held)
 async def test_neg_close_ends_the_session_without_reply(start):
     """NEG-CLOSE ends a session silently; a NEG-CLOSE of an unknown id is ignored."""
     relay = await start()

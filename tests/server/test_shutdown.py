@@ -79,6 +79,7 @@ async def _served_ids(tmp_path, keys: list[Keys]) -> set[str]:
     return ids
 
 
+@pytest.mark.single_process  # reads the server's connections
 async def test_past_the_shutdown_timeout_a_peer_that_never_closes_is_reset(tmp_path):
     """A client that completed the handshake and then reads nothing (so never answers the 1001 close): with
     shutdown_timeout_seconds = 1 its connection ends when stop() returns, not at websockets' close timeout (10 s)."""
@@ -160,6 +161,7 @@ def test_signal_mid_burst_keeps_every_acknowledged_event_and_closes_1001(tmp_pat
     assert stored == acked  # and every event taken before the signal got its OK
 
 
+@pytest.mark.single_process  # captures the server's shutdown log in this process
 async def test_past_the_shutdown_timeout_connections_are_closed_1001_anyway(tmp_path, alice):
     """shutdown_timeout_seconds = 0: no waiting for anyone, a `shutdown_timeout` log line, and still close code 1001."""
     relay = Relay(make_config(tmp_path, server={"shutdown_timeout_seconds": 0.0}))

@@ -19,6 +19,9 @@ from tests.conftest import make_config
 from tests.helpers import Client, eventually, non_reader, raw_websocket, send_masked, store_events, tcp_sockets
 from tests.inprocess import Relay
 
+# Every test reads the server's stored-results budget, slow-reader and keepalive counts, or connections.
+pytestmark = pytest.mark.single_process
+
 
 async def test_results_past_the_budget_are_refused_and_every_byte_comes_back(tmp_path, alice):
     """10 events of ~1.3 kB under a 6 kB budget (and a 6 kB answer bound): a REQ for 4 is served; while

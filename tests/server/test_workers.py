@@ -366,3 +366,31 @@ async def test_relay_sync_goes_through_the_running_writer_to_every_worker(tmp_pa
                 assert sorted(got) == sorted(e["id"] for e in fetched)
         finally:
             await _close_all(clients.values())
+
+
+async def test_a_nip86_change_is_in_force_in_every_worker_once_answered(tmp_path):
+    """[auth] write = listed: once `allowpubkey` (then `banpubkey`) is answered, whichever worker answered it,
+    the very next EVENT of that pubkey on every worker is accepted (then refused): the writer answers a NIP-86
+    change only after each worker has read the lists again (the periodic refresh is an hour away)."""
+    from tests.server.nip86 import PUBLIC_URL, admin_keys, result
+
+    config = tmp_path / "relay.toml"
+    config.write_text(f'[server]\npublic_url = "{PUBLIC_URL}"\n'
+                      f'[admin]\npubkeys = ["{admin_keys().public_key().to_hex()}"]\nrefresh_seconds = 3600.0\n'
+                      f'[auth]\nwrite = "listed"\nwrite_pubkeys = ["{Keys(1).pubkey}"]\n')
+    with _serve(tmp_path, "--config", config) as served:
+        port = await asyncio.to_thread(_start, served)
+        clients = await _one_per_worker(port)
+        try:
+            for round_ in range(5):  # one worker answers each call: the other is the one that was late
+                author = Keys(100 + round_)
+                await result(port, "allowpubkey", author.pubkey, "listed now")
+                for worker, client in clients.items():
+                    reply = await client.publish(author.sign(1, f"allowed {worker}"))
+                    assert reply[2] is True, (worker, reply)
+                await result(port, "banpubkey", author.pubkey)
+                for worker, client in clients.items():
+                    reply = await client.publish(author.sign(1, f"banned {worker}"))
+                    assert reply[2] is False and reply[3].startswith("blocked:"), (worker, reply)
+        finally:
+            await _close_all(clients.values())
