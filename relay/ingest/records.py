@@ -18,6 +18,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+import structlog
+
 from relay.config import Config
 from relay.ingest.outcome import Outcome
 from relay.ingest.pipeline import Ingest
@@ -37,6 +40,8 @@ FUTURE_MARGIN_SECONDS = 60
 
 Row = Mapping[str, object]
 
+log = structlog.get_logger(__name__)
+
 
 @dataclass(frozen=True, slots=True)
 class Written:
@@ -51,11 +56,12 @@ class RecordApi(Records):
     declared projectors: the Python API of records (`Node.records`).
 
     `key()` gives the node key (read or created on first use); `max_future_seconds` is
-    `limits.max_created_at_future_seconds`.
+    `limits.max_created_at_future_seconds`; `max_message_bytes` is `limits.max_message_bytes`, which the
+    `["EVENT", event]` message of a record must fit in, as a client's must (else no client could read it).
     """
 
     def __init__(self, store: Store, specs: Iterable[object], ingest: Ingest, key: Callable[[], NodeKey],
-                 max_future_seconds: int) -> None:
+                 max_future_seconds: int, max_message_bytes: int = 1_048_576) -> None:
         specs = list(specs)
         super().__init__(store, specs)
         self.ingest = ingest
@@ -63,13 +69,14 @@ class RecordApi(Records):
         self._key = key
         self._node_key: NodeKey | None = None
         self.max_future_seconds = max_future_seconds
+        self.max_message_bytes = max_message_bytes
 
     @classmethod
     def from_config(cls, config: Config, store: Store, ingest: Ingest) -> RecordApi:
         """The records of `config`'s projectors, signed with the node key (`[sync] secret_key_file`)."""
         path = key_path(config.sync.secret_key_file, config.store.path)
         return cls(store, config.projectors, ingest, lambda: load_or_create(path),
-                   config.limits.max_created_at_future_seconds)
+                   config.limits.max_created_at_future_seconds, config.limits.max_message_bytes)
 
     @property
     def node_key(self) -> NodeKey:
@@ -91,12 +98,15 @@ class RecordApi(Records):
         a row is a put of the others).  `created_at` (unix seconds; None: reserved per coordinate, see module
         docstring); `extra_tags` are added as given; `expiration` adds a NIP-40 `expiration` tag.  When the
         reserved created_at would pass `now + limits.max_created_at_future_seconds - 60` (writes to one
-        coordinate faster than one a second), waits until it fits, or with `wait=False` raises.
+        coordinate faster than one a second), waits until it fits (logging `record_clock_wait` once), or with
+        `wait=False` raises.  An event whose `["EVENT", event]` message exceeds `max_message_bytes` is refused
+        (`Outcome` "invalid:"), as ingest's event limits refuse it (tags, content).
 
         Raises:
             RecordQueryError: ("table") not a declared projector's table.
             RowRefused: the row is not the projection of any event; names the field.
-            Rejection: "rate-limited: ..." with `wait=False` (see above).
+            Rejection: "rate-limited: ..." with `wait=False` (see above); "invalid: ..." for a `created_at`
+            further ahead than `limits.max_created_at_future_seconds` (nothing is reserved then).
         """
         spec = self._spec(table)
         signer = key or self.node_key
@@ -138,14 +148,19 @@ class RecordApi(Records):
         return self.specs[table]
 
     async def _created_at(self, coordinate: Coordinate | None, requested: int | None, wait: bool) -> int:
-        """`requested`, remembered for `coordinate`; else now, or for a coordinate the value reserved for it."""
+        """`requested` (checked against the future limit); else now, or for a coordinate the value reserved for it.
+
+        A requested value is not noted in `record_clock`: once ingest stores it, the coordinate's high-water mark
+        holds it, and a value ingest refuses must not move the clock (later puts would wait behind it)."""
         if requested is not None:
-            if coordinate is not None:
-                await self.store.run_job(clock.note, coordinate, requested)
+            if requested > int(time.time()) + self.max_future_seconds:
+                raise Rejection("invalid", f"created_at {requested} is too far in the future (at most "
+                                           f"{self.max_future_seconds} s ahead, limits.max_created_at_future_seconds)")
             return requested
         if coordinate is None:  # regular: keyed on the event id, nothing to order
             return int(time.time())
         margin = max(self.max_future_seconds - FUTURE_MARGIN_SECONDS, 0)
+        told = False
         while True:
             now = int(time.time())
             value = await self.store.run_job(clock.reserve, coordinate, now, now + margin)
@@ -154,9 +169,17 @@ class RecordApi(Records):
             if not wait:
                 raise Rejection("rate-limited", f"created_at {value} of this coordinate would be more than "
                                                 f"{margin} s ahead: write it less often")
+            if not told:  # once: a silent wait looks like a hang
+                told = True
+                log.warning("record_clock_wait", created_at=value, seconds=value - now - margin,
+                            reason="writes to this coordinate ran ahead of the clock (more than one a second)")
             await asyncio.sleep(value - now - margin)
 
     async def _submit(self, event: dict[str, Any]) -> Written:
+        size = len(orjson.dumps(["EVENT", event]))
+        if size > self.max_message_bytes:  # what no client could have sent, none could read in a REQ either
+            return Written(event, Outcome(False, "invalid", f"event too large: its EVENT message is {size} bytes "
+                                                            f"(limits.max_message_bytes: {self.max_message_bytes})"))
         [(outcome, _)] = await self.ingest.accept_many([event], RECORD)
         return Written(event, outcome)
 
