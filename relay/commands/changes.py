@@ -84,7 +84,9 @@ def run_changes(config: Config, since: int | None, follow: bool, kinds: frozense
 
     Exit 0 when done, 1 when there is no readable relay database, 2 when `table`'s row changes are not
     logged (`[store] row_change_tables`), 3 (`cursor N is older than the oldest kept, M` on stderr) when
-    changes after `since` are no longer kept (for a table: also when it was built again from empty since).
+    changes after `since` are no longer kept (for a table: also when it was built again from empty since, and,
+    with no `since`, when the start of its log was dropped: the message gives the position to follow from after
+    reading the rows with `relay query`).
     """
     conn = open_readonly(config.store.path)
     if conn is None:
@@ -92,6 +94,13 @@ def run_changes(config: Config, since: int | None, follow: bool, kinds: frozense
     out = sys.stdout.buffer
     source: _Feed = _Events(kinds) if table is None else _Rows(table)
     try:
+        if since is None and table is not None and rowfeed.trimmed(conn, table):
+            position = rowfeed.head(conn)  # read before the rows: what changes after them is not missed
+            print(f"relay changes: the start of {table}'s row changes is no longer kept ([store] "
+                  f"change_log_max_entries), so they no longer rebuild the table: read the rows (relay query "
+                  f"{table} --json), then follow with --since {position} (changes after it may repeat what the "
+                  "rows show)", file=sys.stderr)
+            return STALE_EXIT
         cursor = source.oldest(conn) if since is None else since
         while True:
             changes, cursor = _page(conn, cursor, source)
