@@ -13,6 +13,7 @@ re-creates the row), an `e` tag for a regular one.  Both return the signed event
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from relay.store import clock
 from relay.store.batch import DELETION_KIND, Coordinate
 from relay.store.projectors.encode import RowRefused, encode
 from relay.store.projectors.spec import ProjectorSpec, column_identity
+from relay.store.projectors.tables import quote
 from relay.store.records import Records
 from relay.store.store import Store
 
@@ -120,7 +122,8 @@ class RecordApi(Records):
                             event_id: str | None = None, reason: str = "", wait: bool = True) -> Written:
         """Delete a row of `table` signed by `key` (default the node key) with a NIP-09 kind-5 event whose content
         is `reason`: by `pk` (the columns of the event's key: pubkey, and d for an addressable kind, which get an
-        `a` tag; the event id for a regular kind, an `e` tag), or by `event_id` (64 hex, an `e` tag).
+        `a` tag; the event id for a regular kind, an `e` tag), or by `event_id` (64 hex, an `e` tag).  When no
+        row of `table` matches, nothing is submitted: the outcome is "invalid: no such row ...".
 
         Raises:
             RecordQueryError: ("table") not a declared projector's table.
@@ -136,11 +139,15 @@ class RecordApi(Records):
         if event_id is not None:
             if not is_hex64(event_id):
                 raise RowRefused("event_id", f"expected 64 lowercase hex, got {event_id!r}")
-            target = ["e", event_id]
+            target, match = ["e", event_id], {"_event_id": event_id}
         else:
             target, coordinate = _target(spec, pk, signer.pubkey)
-        when = await self._created_at(coordinate, None, wait)
+            match = {column: pk[column] for column in spec.class_key_columns()}
         tags = [target, ["k", str(spec.kind)]]
+        if not await self.store.read_snapshot(_has_row, spec.table, match):  # a kind-5 would delete nothing
+            event = signer.sign_event(DELETION_KIND, tags, reason, int(time.time()))
+            return Written(event, Outcome(False, "invalid", f"no such row of {spec.table}: nothing to delete"))
+        when = await self._created_at(coordinate, None, wait)
         return await self._submit(signer.sign_event(DELETION_KIND, tags, reason, when))
 
     def _spec(self, table: str) -> ProjectorSpec:
@@ -182,6 +189,13 @@ class RecordApi(Records):
                                                             f"(limits.max_message_bytes: {self.max_message_bytes})"))
         [(outcome, _)] = await self.ingest.accept_many([event], RECORD)
         return Written(event, outcome)
+
+
+def _has_row(conn: sqlite3.Connection, table: str, match: Row) -> bool:
+    """Whether `table` has a row whose columns equal `match` (column -> value)."""
+    where = " AND ".join(f"{quote(column)} = ?" for column in match)
+    found = conn.execute(f"SELECT 1 FROM {quote(table)} WHERE {where} LIMIT 1", tuple(match.values())).fetchone()
+    return found is not None
 
 
 def _coordinate(spec: ProjectorSpec, tags: list[list[str]], pubkey: str) -> Coordinate | None:

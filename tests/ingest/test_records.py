@@ -16,6 +16,7 @@ from relay.ingest import RECORD
 from relay.ingest.outcome import ACCEPTED, NEWER_VERSION
 from relay.keys import NodeKey
 from relay.protocol.event import EventLimits, parse_event
+from relay.protocol.filters import parse_filter
 from relay.protocol.rejection import Rejection
 from relay.store import clock
 from relay.store.projectors import BUILTIN_PROJECTORS
@@ -226,3 +227,15 @@ async def test_a_lone_surrogate_in_a_row_is_refused_naming_the_field(relay):
     with pytest.raises(RowRefused) as refused:
         await relay.node.records.put_record("profiles", {"name": "\ud800"})
     assert refused.value.parameter == "name" and "surrogate" in str(refused.value)
+
+
+async def test_deleting_a_row_that_does_not_exist_is_refused_and_stores_nothing(relay):
+    """A delete matching no row is refused "invalid: no such row" instead of storing a kind-5 that deletes
+    nothing, by key and by event id."""
+    records = relay.node.records
+    by_key = await records.delete_record("articles", pk={"pubkey": records.node_key.pubkey, "d": "never"})
+    by_id = await records.delete_record("profiles", event_id="ef" * 32)
+    for written in (by_key, by_id):
+        assert (written.outcome.accepted, written.outcome.prefix) == (False, "invalid")
+        assert written.outcome.reason.startswith("no such row of ")
+    assert await relay.store.query([parse_filter({"kinds": [5]})], 100, 100) == []
