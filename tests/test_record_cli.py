@@ -94,3 +94,9 @@ async def test_a_lone_surrogate_exits_2_naming_the_field(tmp_path):
     """A row holding a lone surrogate is refused naming its column (exit 2), not a traceback."""
     code, _, err = await _cli(tmp_path / "relay.db", "put", "profiles", "--row", '{"name": "\\ud800"}')
     assert code == 2 and "relay record: name: " in err and "Traceback" not in err
+
+
+async def test_a_negative_created_at_is_named_as_created_at(tmp_path):
+    """`--created-at -5` is a usage error about created_at, not about a cursor."""
+    code, _, err = await _cli(tmp_path / "relay.db", "put", "profiles", "--row", "{}", "--created-at", "-5")
+    assert code == 2 and "created_at (unix seconds) is a whole number" in err

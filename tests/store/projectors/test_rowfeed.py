@@ -237,3 +237,26 @@ def test_relay_changes_table_from_the_start_exits_3_once_its_start_is_dropped(tm
     assert rebuilt.returncode == 0, rebuilt.stderr
     again = relay_cli("changes", "--table", "profiles", "--db", path)
     assert again.returncode == 0 and len(again.stdout.splitlines()) == 3
+    stale = relay_cli("changes", "--table", "profiles", "--db", path, "--since", head)
+    assert stale.returncode == 3 and "from before profiles was built again from empty" in stale.stderr
+
+
+def test_relay_changes_refuses_a_cursor_past_the_newest_and_a_table_that_does_not_exist(tmp_path):
+    """A cursor beyond the newest position exits 2 naming it (not a silent empty answer); so does --table of a
+    table that does not exist, saying so."""
+    path = tmp_path / "relay.db"
+
+    async def run():
+        store, _ = await open_store(path, BUILTIN_PROJECTORS, row_tables=["profiles"])
+        await submit_batches(store, [event(Keys(0x6200), 0, {"name": "x"})])
+        await store.close()
+
+    asyncio.run(run())
+    conn = connect(path)
+    head = rowfeed.head(conn)
+    conn.close()
+    ahead = relay_cli("changes", "--table", "profiles", "--db", path, "--since", head + 5)
+    assert ahead.returncode == 2 and f"past the newest position, {head}" in ahead.stderr
+    assert relay_cli("changes", "--db", path, "--since", 10**6).returncode == 2
+    nosuch = relay_cli("changes", "--table", "nosuch", "--db", path)
+    assert nosuch.returncode == 2 and "no such table: 'nosuch'" in nosuch.stderr
