@@ -13,7 +13,6 @@ re-creates the row), an `e` tag for a regular one.  Both return the signed event
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,8 +32,7 @@ from relay.store import clock
 from relay.store.batch import DELETION_KIND, Coordinate
 from relay.store.projectors.encode import RowRefused, encode
 from relay.store.projectors.spec import ProjectorSpec, column_identity
-from relay.store.projectors.tables import quote
-from relay.store.records import Records
+from relay.store.records import Records, has_row
 from relay.store.store import Store
 
 FUTURE_MARGIN_SECONDS = 60
@@ -144,7 +142,7 @@ class RecordApi(Records):
             target, coordinate = _target(spec, pk, signer.pubkey)
             match = {column: pk[column] for column in spec.class_key_columns()}
         tags = [target, ["k", str(spec.kind)]]
-        if not await self.store.read_snapshot(_has_row, spec.table, match):  # a kind-5 would delete nothing
+        if not await self.store.read_snapshot(has_row, spec.table, match):  # a kind-5 would delete nothing
             event = signer.sign_event(DELETION_KIND, tags, reason, int(time.time()))
             return Written(event, Outcome(False, "invalid", f"no such row of {spec.table}: nothing to delete"))
         when = await self._created_at(coordinate, None, wait)
@@ -189,13 +187,6 @@ class RecordApi(Records):
                                                             f"(limits.max_message_bytes: {self.max_message_bytes})"))
         [(outcome, _)] = await self.ingest.accept_many([event], RECORD)
         return Written(event, outcome)
-
-
-def _has_row(conn: sqlite3.Connection, table: str, match: Row) -> bool:
-    """Whether `table` has a row whose columns equal `match` (column -> value)."""
-    where = " AND ".join(f"{quote(column)} = ?" for column in match)
-    found = conn.execute(f"SELECT 1 FROM {quote(table)} WHERE {where} LIMIT 1", tuple(match.values())).fetchone()
-    return found is not None
 
 
 def _coordinate(spec: ProjectorSpec, tags: list[list[str]], pubkey: str) -> Coordinate | None:

@@ -251,6 +251,13 @@ def when_built(conn: sqlite3.Connection, projector: str, table: str, read, *args
     return read(conn, *args)
 
 
+def has_row(conn: sqlite3.Connection, table: str, match: Mapping[str, object]) -> bool:
+    """Whether `table` has a row whose columns equal `match` (column -> value)."""
+    where = " AND ".join(f"{quote(column)} = ?" for column in match)
+    found = conn.execute(f"SELECT 1 FROM {quote(table)} WHERE {where} LIMIT 1", tuple(match.values())).fetchone()
+    return found is not None
+
+
 def views(specs: Iterable[object], private_kinds: Iterable[int] = ()) -> dict[str, TableView]:
     """The readable tables of `specs` by name: each declared projector (`ProjectorSpec`) whose kind is not one
     of `private_kinds` (NIP-42: never served to anyone but their author or recipient)."""
@@ -311,4 +318,5 @@ def _typed(column: str, type_: str, value: object) -> object:
     return value
 
 
-__all__ = ["DEFAULT_LIMIT", "Page", "RecordQueryError", "Records", "TableBuilding", "TableView", "decode_cursor", "encode_cursor", "views", "when_built"]
+__all__ = ["DEFAULT_LIMIT", "Page", "RecordQueryError", "Records", "TableBuilding", "TableView", "decode_cursor", "encode_cursor",
+           "has_row", "views", "when_built"]
