@@ -85,7 +85,7 @@ def _record_parsers(commands, common: argparse.ArgumentParser) -> None:
     put.add_argument("--row", type=_json_row, required=True, help="the row as a JSON object (a list of them for a "
                      "table with one row per tag, e.g. follows: the whole set)")
     put.add_argument("--key", type=Path, help="sign with the secret key in this file (default: the node key)")
-    put.add_argument("--created-at", type=_cursor, help="the event's created_at (default: reserved per coordinate)")
+    put.add_argument("--created-at", type=_unix_seconds, help="the event's created_at (default: reserved per coordinate)")
     put.add_argument("--no-wait", dest="wait", action="store_false",
                      help="exit 3 (rate-limited) instead of waiting when writes to one row come too fast")
     delete = actions.add_parser("delete", parents=[common], help="delete the row's event (NIP-09)")
@@ -128,17 +128,23 @@ MAX_CURSOR = 2**63 - 1
 """The largest cursor: change-feed cursors are SQLite INTEGERs (signed 64-bit)."""
 
 
-def _cursor(text: str) -> int:
-    if not text.isdigit() or int(text) > MAX_CURSOR:
-        raise argparse.ArgumentTypeError(f"a cursor is a whole number 0..{MAX_CURSOR}, got {text!r}")
+def _whole_number(text: str, what: str) -> int:
+    # SQLite binds an integer as a signed 64-bit INTEGER: a larger one would fail there, unnamed
+    if not text.isascii() or not text.isdigit() or int(text) > MAX_CURSOR:
+        raise argparse.ArgumentTypeError(f"{what} is a whole number 0..{MAX_CURSOR}, got {text!r}")
     return int(text)
+
+
+def _cursor(text: str) -> int:
+    return _whole_number(text, "a cursor")
+
+
+def _unix_seconds(text: str) -> int:
+    return _whole_number(text, "created_at (unix seconds)")
 
 
 def _row_limit(text: str) -> int:
-    # SQLite binds a limit as a signed 64-bit INTEGER: a larger one would fail there, unnamed
-    if not text.isascii() or not text.isdigit() or int(text) > MAX_CURSOR:
-        raise argparse.ArgumentTypeError(f"a limit is a whole number 0..{MAX_CURSOR}, got {text!r}")
-    return int(text)
+    return _whole_number(text, "a limit")
 
 
 def _kinds(text: str) -> frozenset[int]:

@@ -15,21 +15,22 @@ from relay.store.search import DropSearchIndex, SearchIndex
 from relay.store.writes import TransactionHook
 
 
-def hooks(config: Config, background_builds: bool = False) -> list[TransactionHook]:
+def hooks(config: Config, background_builds: bool = False, served: bool = False) -> list[TransactionHook]:
     """The TransactionHooks for `config`: the projectors of `[[projectors]]` (if any), the negentropy index, then
     the search index (NIP-50).
 
     Each hook's `setup` runs at `Store.open`: a projector that is new or
     changed is built then, which can take a while on a large store, unless
     `background_builds` (`relay serve`) leaves a plain projector's build to
-    `background.build_in_background` (relay/store/projectors/build.py).
+    `background.build_in_background` (relay/store/projectors/build.py), and
+    `served` (another process serves the database) leaves a build in progress to it.
     """
     found: list[TransactionHook] = []
     if config.projectors:
         found.append(ProjectorHook(config.projectors, max_refusals=config.store.max_projector_refusals,
                                    rebuild_batch=config.store.projector_rebuild_batch, background=background_builds,
                                    build_batch=config.store.projector_build_batch,
-                                   row_tables=config.store.row_change_tables))
+                                   row_tables=config.store.row_change_tables, served=served))
     found.append(negentropy_hook(config))
     found.append(search_hook(config))
     return found

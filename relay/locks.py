@@ -150,6 +150,22 @@ def _open_database(path: Path) -> tuple[int, bool]:
         return os.open(path, os.O_RDONLY), False
 
 
+def is_served(db_path: str | Path) -> bool:
+    """Whether a relay holds the lock of the database at `db_path` now (`relay serve` serves it); never waits."""
+    database = Path(db_path).resolve()
+    try:
+        fd = os.open(database.with_name(database.name + ".lock"), os.O_RDONLY)
+    except OSError:  # no lock file: no relay ever served it
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # (drops the shared lock, if taken)
+    return False
+
+
 def database_lock(db_path: str | Path) -> DatabaseLock:
     """The lock of the SQLite database at `db_path` (see `DatabaseLock`)."""
     return DatabaseLock(db_path)

@@ -40,7 +40,7 @@ from relay.ingest import Ingest
 from relay.ingest.moderation import Moderation
 from relay.ingest.records import RecordApi
 from relay.keys import NodeKeyError
-from relay.locks import PORT_ADVICE, InstanceLock, LockHeld, database_lock, port_lock
+from relay.locks import PORT_ADVICE, InstanceLock, LockHeld, database_lock, is_served, port_lock
 from relay.metrics import CONTENT_TYPE, Metrics
 from relay.protocol.event import Event
 from relay.retention import is_configured, retention_forever
@@ -67,11 +67,14 @@ async def open_store(config: Config, read_connections: int | None = None, backgr
     `read_connections` overrides `[store] read_connections` (offline commands
     need one or two).  Each hook's `setup` runs here: a projector that is new
     or changed is built first, which can take a while on a large store, unless
-    `background_builds` (`Node`) leaves its build for later (`ProjectorHook.builds`).
+    `background_builds` (`Node`) leaves its build for later (`ProjectorHook.builds`).  An offline writer beside
+    a relay that serves the database (relay/locks.py) leaves a build in progress to that relay: a step here
+    would hold the write lock the relay's writer waits for.
     """
     s = config.store
+    served = not background_builds and is_served(s.path)
     return await Store.open(s.path, s.options(read_connections, config.server.public_url),
-                            hooks(config, background_builds))
+                            hooks(config, background_builds, served))
 
 
 class Node:

@@ -182,3 +182,17 @@ def test_query_limit_holds_against_a_where_comment_and_refuses_a_negative_limit(
     assert len(rows.splitlines()) == 1
     assert "a limit is a whole number" in relay("query", "profiles", "--db", db, "--limit", "-1", check=2).stderr
     assert "a limit is a whole number" in relay("projectors", "refusals", "--db", db, "--limit", "-1", check=2).stderr
+
+
+def test_refusal_counts_of_a_full_log_are_lower_bounds(tmp_path):
+    """With more refusals than `store.max_projector_refusals` keeps, verify says "at least N events refused" and
+    projectors list "N+", not a total that is too small."""
+    config = tmp_path / "relay.toml"
+    config.write_text(f'[store]\npath = "{tmp_path / "relay.db"}"\nmax_projector_refusals = 1\n')
+    source = tmp_path / "events.jsonl"
+    bad = [Keys(0xBAD0 + i).sign(kind=0, content="{not json", created_at=1_700_000_000) for i in range(2)]
+    source.write_text("".join(json.dumps(e) + "\n" for e in bad), encoding="utf-8")
+    relay("import", source, "--config", config)
+    assert "profiles: ok, 0 rows (at least 1 events refused)" in relay("verify", "--config", config).stdout
+    listing = relay("projectors", "list", "--config", config).stdout.splitlines()
+    assert next(line.split() for line in listing if line.startswith("profiles"))[5] == "1+"

@@ -62,3 +62,41 @@ async def test_two_processes_putting_one_coordinate_get_distinct_created_at(tmp_
     newest = max(events, key=lambda e: e["created_at"])
     code, out, _ = await _cli(db, "get", "profiles", "--pk", json.dumps({"pubkey": newest["pubkey"]}))
     assert code == 0 and json.loads(out)["_event_id"] == newest["id"]
+
+
+async def test_a_key_file_that_does_not_exist_exits_3_and_creates_nothing(tmp_path):
+    """`--key` naming no file is refused (exit 3, saying how to create one), not a new key in a new directory."""
+    missing = tmp_path / "nonexistent" / "x.key"
+    code, out, err = await _cli(tmp_path / "relay.db", "put", "profiles", "--row", '{"name": "k"}', "--key", missing)
+    assert code == 3 and out == "" and "no such key file" in err and "relay key --file" in err
+    assert not missing.parent.exists()
+
+
+async def test_get_on_a_missing_database_exits_1_and_creates_none(tmp_path):
+    """A read command on a database that is not there exits 1 "no database", like `relay changes`."""
+    db = tmp_path / "missing.db"
+    code, _, err = await _cli(db, "get", "profiles", "--pk", json.dumps({"pubkey": "ab" * 32}))
+    assert code == 1 and "no database" in err
+    assert not db.exists()
+
+
+async def test_a_created_at_too_far_ahead_exits_3_and_later_puts_go_through(tmp_path):
+    """`--created-at` past the future limit is refused "invalid:" before the clock moves: a later put with
+    --no-wait is stored at once."""
+    db = tmp_path / "relay.db"
+    code, _, err = await _cli(db, "put", "profiles", "--row", '{"name": "fut"}', "--created-at", "4000000000")
+    assert code == 3 and "invalid: created_at 4000000000 is too far in the future" in err
+    code, out, err = await _cli(db, "put", "profiles", "--row", '{"name": "now"}', "--no-wait")
+    assert code == 0 and json.loads(out)["accepted"] is True, err
+
+
+async def test_a_lone_surrogate_exits_2_naming_the_field(tmp_path):
+    """A row holding a lone surrogate is refused naming its column (exit 2), not a traceback."""
+    code, _, err = await _cli(tmp_path / "relay.db", "put", "profiles", "--row", '{"name": "\\ud800"}')
+    assert code == 2 and "relay record: name: " in err and "Traceback" not in err
+
+
+async def test_a_negative_created_at_is_named_as_created_at(tmp_path):
+    """`--created-at -5` is a usage error about created_at, not about a cursor."""
+    code, _, err = await _cli(tmp_path / "relay.db", "put", "profiles", "--row", "{}", "--created-at", "-5")
+    assert code == 2 and "created_at (unix seconds) is a whole number" in err

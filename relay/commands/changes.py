@@ -18,6 +18,7 @@ from relay.config import Config
 from relay.store import feed
 from relay.store.projectors import rowfeed
 from relay.store.db import read_transaction
+from relay.store.projectors.tables import table_exists
 
 PAGE = 1000  # changes read per read transaction
 POLL_SECONDS = 0.25  # with --follow, time between reads once the feed is caught up
@@ -82,9 +83,11 @@ def run_changes(config: Config, since: int | None, follow: bool, kinds: frozense
     (`{"cursor", "op": "insert"|"replace"|"remove", "table", "key", "row"?}`, relay/store/projectors/rowfeed.py)
     instead of events.
 
-    Exit 0 when done, 1 when there is no readable relay database, 2 when `table`'s row changes are not
-    logged (`[store] row_change_tables`), 3 (`cursor N is older than the oldest kept, M` on stderr) when
-    changes after `since` are no longer kept (for a table: also when it was built again from empty since).
+    Exit 0 when done, 1 when there is no readable relay database, 2 when `since` is past the newest position
+    or `table`'s row changes are not logged (`[store] row_change_tables`; or no such table), 3 (`cursor N is older than the oldest kept, M` on stderr) when
+    changes after `since` are no longer kept (for a table: also when it was built again from empty since, and,
+    with no `since`, when the start of its log was dropped: the message gives the position to follow from after
+    reading the rows with `relay query`).
     """
     conn = open_readonly(config.store.path)
     if conn is None:
@@ -92,6 +95,17 @@ def run_changes(config: Config, since: int | None, follow: bool, kinds: frozense
     out = sys.stdout.buffer
     source: _Feed = _Events(kinds) if table is None else _Rows(table)
     try:
+        if since is None and table is not None and rowfeed.trimmed(conn, table):
+            position = rowfeed.head(conn)  # read before the rows: what changes after them is not missed
+            print(f"relay changes: the start of {table}'s row changes is no longer kept ([store] "
+                  f"change_log_max_entries), so they no longer rebuild the table: read the rows (relay query "
+                  f"{table} --json), then follow with --since {position} (changes after it may repeat what the "
+                  "rows show)", file=sys.stderr)
+            return STALE_EXIT
+        newest = source.head(conn)
+        if since is not None and since > newest:  # a cursor of another database, or a typo: never a silent wait
+            print(f"relay changes: cursor {since} is past the newest position, {newest}", file=sys.stderr)
+            return 2
         cursor = source.oldest(conn) if since is None else since
         while True:
             changes, cursor = _page(conn, cursor, source)
@@ -102,10 +116,15 @@ def run_changes(config: Config, since: int | None, follow: bool, kinds: frozense
                     return 0
                 time.sleep(POLL_SECONDS)
     except feed.StaleCursor as exc:
-        print(exc, file=sys.stderr)
+        if table is not None and not rowfeed.trimmed(conn, table):  # only a new start of its log passed it
+            print(f"relay changes: cursor {exc.cursor} is from before {table} was built again from empty (a changed "
+                  f"spec, relay projectors rebuild): read it again from the start (--since {exc.oldest})",
+                  file=sys.stderr)
+        else:
+            print(exc, file=sys.stderr)
         return STALE_EXIT
     except rowfeed.NotLogged as exc:
-        print(f"relay changes: {exc}", file=sys.stderr)
+        print(f"relay changes: {exc if table_exists(conn, table) else f'no such table: {table!r}'}", file=sys.stderr)
         return 2
     except sqlite3.OperationalError as exc:  # e.g. a database not yet migrated to the change feed
         print(f"relay changes: {exc}", file=sys.stderr)

@@ -73,8 +73,8 @@ def run_verify(config: Config) -> int:
     bad = 0
     for check in checks:
         label = check.table if check.table == check.projector else f"{check.projector}.{check.table}"
-        note = f" ({refused[check.projector]} events refused)" if refused.get(check.projector) and \
-            check.table == check.projector else ""
+        note = f" ({'at least ' if _log_full(refused, config) else ''}{refused[check.projector]} events refused)" \
+            if refused.get(check.projector) and check.table == check.projector else ""
         if check.ok:
             print(f"{label}: ok, {check.rows} rows{note}")
             continue
@@ -120,6 +120,12 @@ def _print_index_checks(checks: list[IndexCheck]) -> bool:
     return good == len(checks)
 
 
+def _log_full(counts: dict[str, int], config: Config) -> bool:
+    """Whether the refusal log (projector -> refusals kept) is full: it keeps the newest
+    `store.max_projector_refusals` of all projectors, so a count is then at least what it holds."""
+    return sum(counts.values()) >= config.store.max_projector_refusals
+
+
 def run_projectors_list(config: Config) -> int:
     """`relay projectors list`: each configured or remembered projector, its kind, revision, state, rows, refusals."""
     conn = open_readonly(config.store.path)
@@ -128,8 +134,10 @@ def run_projectors_list(config: Config) -> int:
     with closing(conn):
         states = projector_states(conn, config)
     lines = [("NAME", "KIND", "REV", "STATE", "ROWS", "REFUSALS", "TABLES")]
-    lines += [(p["name"], p["kind"], p["revision"], p["state"], p["rows"], p["refusals"], ",".join(p["tables"]))
-              for p in states]
+    counts = {p["name"]: p["refusals"] for p in states}
+    more = "+" if _log_full(counts, config) else ""  # "3+": at least 3
+    lines += [(p["name"], p["kind"], p["revision"], p["state"], p["rows"],
+               f"{p['refusals']}{more if p['refusals'] else ''}", ",".join(p["tables"])) for p in states]
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(lines[0]))]
     for line in lines:
         print("  ".join(str(v).ljust(w) for v, w in zip(line, widths)).rstrip())

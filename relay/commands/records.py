@@ -1,9 +1,11 @@
 """`relay record put | delete | get`: rows of a declared projector from the command line (relay/ingest/records.py).
 
 Output is JSON on stdout: `put` and `delete` print `{"event": <the signed event>, "accepted": bool, "message":
-"<OK message>"}`, `get` the row (an object).  Exit codes: 0 done; 1 refused by ingest or the store (the OK
-message on stderr); 2 a usage error, an unknown table or column, a row no event projects to (named); 3 not
-available (`get`: no such row; a `rate-limited:` refusal with `--no-wait`; a key file that cannot be read).
+"<OK message>"}`, `get` the row (an object; read-only, relay/commands/record_get.py).  Exit codes: 0 done; 1
+refused by ingest or the store (the OK message on stderr), or (`get`) no database; 2 a usage error, an unknown
+table or column, a row no event projects to (named); 3 not available (`get`: no such row, or the table is being
+built; a `rate-limited:` refusal with `--no-wait`; a `created_at` too far ahead; a key file that does not exist
+or cannot be read).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import orjson
 
+from relay.commands.record_get import run_get
 from relay.commands.through import open_write_path
 from relay.config import Config
 from relay.ingest import Ingest
@@ -50,6 +53,12 @@ async def run_record(config: Config, action: str, table: str, data: object, key_
                      created_at: int | None = None, wait: bool = True, reason: str = "") -> int:
     """`relay record ACTION TABLE`: `data` is the row (put: an object, or a list for a one-row-per-tag table)
     or the key (delete, get: an object of key columns); see the module docstring for output and exit codes."""
+    if action == "get":
+        return run_get(config, table, data)
+    if key_file is not None and not key_file.exists():  # a typo must not sign with a new key
+        print(f"relay record: no such key file: {key_file} (create one with `relay key --file {key_file}`)",
+              file=sys.stderr)
+        return NOT_AVAILABLE
     try:
         key = load_or_create(key_file) if key_file is not None else None
     except NodeKeyError as exc:
@@ -57,13 +66,6 @@ async def run_record(config: Config, action: str, table: str, data: object, key_
         return NOT_AVAILABLE
     async with open_records(config) as records:
         try:
-            if action == "get":
-                row = await records.get_record(table, data)
-                if row is None:
-                    print(f"relay record: no row of {table} with this key", file=sys.stderr)
-                    return NOT_AVAILABLE
-                sys.stdout.write(orjson.dumps(row).decode() + "\n")
-                return 0
             if action == "put":
                 written = await records.put_record(table, data, key, created_at, wait=wait)
             else:

@@ -18,6 +18,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+import structlog
+
 from relay.config import Config
 from relay.ingest.outcome import Outcome
 from relay.ingest.pipeline import Ingest
@@ -29,13 +32,15 @@ from relay.store import clock
 from relay.store.batch import DELETION_KIND, Coordinate
 from relay.store.projectors.encode import RowRefused, encode
 from relay.store.projectors.spec import ProjectorSpec, column_identity
-from relay.store.records import Records
+from relay.store.records import Records, has_row
 from relay.store.store import Store
 
 FUTURE_MARGIN_SECONDS = 60
 """A reserved created_at stays this far inside `limits.max_created_at_future_seconds` (clocks of peers differ)."""
 
 Row = Mapping[str, object]
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +56,12 @@ class RecordApi(Records):
     declared projectors: the Python API of records (`Node.records`).
 
     `key()` gives the node key (read or created on first use); `max_future_seconds` is
-    `limits.max_created_at_future_seconds`.
+    `limits.max_created_at_future_seconds`; `max_message_bytes` is `limits.max_message_bytes`, which the
+    `["EVENT", event]` message of a record must fit in, as a client's must (else no client could read it).
     """
 
     def __init__(self, store: Store, specs: Iterable[object], ingest: Ingest, key: Callable[[], NodeKey],
-                 max_future_seconds: int) -> None:
+                 max_future_seconds: int, max_message_bytes: int = 1_048_576) -> None:
         specs = list(specs)
         super().__init__(store, specs)
         self.ingest = ingest
@@ -63,13 +69,14 @@ class RecordApi(Records):
         self._key = key
         self._node_key: NodeKey | None = None
         self.max_future_seconds = max_future_seconds
+        self.max_message_bytes = max_message_bytes
 
     @classmethod
     def from_config(cls, config: Config, store: Store, ingest: Ingest) -> RecordApi:
         """The records of `config`'s projectors, signed with the node key (`[sync] secret_key_file`)."""
         path = key_path(config.sync.secret_key_file, config.store.path)
         return cls(store, config.projectors, ingest, lambda: load_or_create(path),
-                   config.limits.max_created_at_future_seconds)
+                   config.limits.max_created_at_future_seconds, config.limits.max_message_bytes)
 
     @property
     def node_key(self) -> NodeKey:
@@ -91,12 +98,15 @@ class RecordApi(Records):
         a row is a put of the others).  `created_at` (unix seconds; None: reserved per coordinate, see module
         docstring); `extra_tags` are added as given; `expiration` adds a NIP-40 `expiration` tag.  When the
         reserved created_at would pass `now + limits.max_created_at_future_seconds - 60` (writes to one
-        coordinate faster than one a second), waits until it fits, or with `wait=False` raises.
+        coordinate faster than one a second), waits until it fits (logging `record_clock_wait` once), or with
+        `wait=False` raises.  An event whose `["EVENT", event]` message exceeds `max_message_bytes` is refused
+        (`Outcome` "invalid:"), as ingest's event limits refuse it (tags, content).
 
         Raises:
             RecordQueryError: ("table") not a declared projector's table.
             RowRefused: the row is not the projection of any event; names the field.
-            Rejection: "rate-limited: ..." with `wait=False` (see above).
+            Rejection: "rate-limited: ..." with `wait=False` (see above); "invalid: ..." for a `created_at`
+            further ahead than `limits.max_created_at_future_seconds` (nothing is reserved then).
         """
         spec = self._spec(table)
         signer = key or self.node_key
@@ -110,7 +120,8 @@ class RecordApi(Records):
                             event_id: str | None = None, reason: str = "", wait: bool = True) -> Written:
         """Delete a row of `table` signed by `key` (default the node key) with a NIP-09 kind-5 event whose content
         is `reason`: by `pk` (the columns of the event's key: pubkey, and d for an addressable kind, which get an
-        `a` tag; the event id for a regular kind, an `e` tag), or by `event_id` (64 hex, an `e` tag).
+        `a` tag; the event id for a regular kind, an `e` tag), or by `event_id` (64 hex, an `e` tag).  When no
+        row of `table` matches, nothing is submitted: the outcome is "invalid: no such row ...".
 
         Raises:
             RecordQueryError: ("table") not a declared projector's table.
@@ -126,11 +137,15 @@ class RecordApi(Records):
         if event_id is not None:
             if not is_hex64(event_id):
                 raise RowRefused("event_id", f"expected 64 lowercase hex, got {event_id!r}")
-            target = ["e", event_id]
+            target, match = ["e", event_id], {"_event_id": event_id}
         else:
             target, coordinate = _target(spec, pk, signer.pubkey)
-        when = await self._created_at(coordinate, None, wait)
+            match = {column: pk[column] for column in spec.class_key_columns()}
         tags = [target, ["k", str(spec.kind)]]
+        if not await self.store.read_snapshot(has_row, spec.table, match):  # a kind-5 would delete nothing
+            event = signer.sign_event(DELETION_KIND, tags, reason, int(time.time()))
+            return Written(event, Outcome(False, "invalid", f"no such row of {spec.table}: nothing to delete"))
+        when = await self._created_at(coordinate, None, wait)
         return await self._submit(signer.sign_event(DELETION_KIND, tags, reason, when))
 
     def _spec(self, table: str) -> ProjectorSpec:
@@ -138,14 +153,19 @@ class RecordApi(Records):
         return self.specs[table]
 
     async def _created_at(self, coordinate: Coordinate | None, requested: int | None, wait: bool) -> int:
-        """`requested`, remembered for `coordinate`; else now, or for a coordinate the value reserved for it."""
+        """`requested` (checked against the future limit); else now, or for a coordinate the value reserved for it.
+
+        A requested value is not noted in `record_clock`: once ingest stores it, the coordinate's high-water mark
+        holds it, and a value ingest refuses must not move the clock (later puts would wait behind it)."""
         if requested is not None:
-            if coordinate is not None:
-                await self.store.run_job(clock.note, coordinate, requested)
+            if requested > int(time.time()) + self.max_future_seconds:
+                raise Rejection("invalid", f"created_at {requested} is too far in the future (at most "
+                                           f"{self.max_future_seconds} s ahead, limits.max_created_at_future_seconds)")
             return requested
         if coordinate is None:  # regular: keyed on the event id, nothing to order
             return int(time.time())
         margin = max(self.max_future_seconds - FUTURE_MARGIN_SECONDS, 0)
+        told = False
         while True:
             now = int(time.time())
             value = await self.store.run_job(clock.reserve, coordinate, now, now + margin)
@@ -154,9 +174,17 @@ class RecordApi(Records):
             if not wait:
                 raise Rejection("rate-limited", f"created_at {value} of this coordinate would be more than "
                                                 f"{margin} s ahead: write it less often")
+            if not told:  # once: a silent wait looks like a hang
+                told = True
+                log.warning("record_clock_wait", created_at=value, seconds=value - now - margin,
+                            reason="writes to this coordinate ran ahead of the clock (more than one a second)")
             await asyncio.sleep(value - now - margin)
 
     async def _submit(self, event: dict[str, Any]) -> Written:
+        size = len(orjson.dumps(["EVENT", event]))
+        if size > self.max_message_bytes:  # what no client could have sent, none could read in a REQ either
+            return Written(event, Outcome(False, "invalid", f"event too large: its EVENT message is {size} bytes "
+                                                            f"(limits.max_message_bytes: {self.max_message_bytes})"))
         [(outcome, _)] = await self.ingest.accept_many([event], RECORD)
         return Written(event, outcome)
 

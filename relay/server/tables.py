@@ -56,7 +56,7 @@ class TablesApi:
             return _refusal(HTTPStatus.TOO_MANY_REQUESTS, None, REFUSALS[REQS])
         name = request.path[len(PATH) + 1:]
         if name not in self.records.tables:
-            return _refusal(HTTPStatus.NOT_FOUND, "table", f"invalid: no table {name!r} is served here")
+            return _refusal(HTTPStatus.NOT_FOUND, "table", f"not found: no table {name!r} is served here")
         try:
             where, order_by, limit, after = self._parameters(request)
             page = await self.records.query_records(name, where, order_by, limit, after)

@@ -31,16 +31,6 @@ def reserve(conn: sqlite3.Connection, hooks: Sequence[TransactionHook], coordina
     return Changes(), value
 
 
-def note(conn: sqlite3.Connection, hooks: Sequence[TransactionHook], coordinate: Coordinate,
-         created_at: int) -> tuple[Changes, None]:
-    """Remember `created_at`, chosen by the caller, as reserved for `coordinate` if it is later than the last one
-    (`Store.run_job` form), so the next reservation comes after it."""
-    with transaction(conn) as cur:
-        cur.execute("INSERT INTO record_clock (kind, pubkey, d_tag, last) VALUES (?, ?, ?, ?)"
-                    " ON CONFLICT DO UPDATE SET last = max(last, excluded.last)", (*coordinate, created_at))
-    return Changes(), None
-
-
 def _high_water(cur: sqlite3.Cursor, coordinate: Coordinate) -> int:
     """The newest created_at known at `coordinate`: its mark, its address tombstone, its last reservation (-1: none)."""
     found = cur.execute(
@@ -51,4 +41,4 @@ def _high_water(cur: sqlite3.Cursor, coordinate: Coordinate) -> int:
     return found[0]
 
 
-__all__ = ["note", "reserve"]
+__all__ = ["reserve"]

@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiosqlite
+import structlog
+
+log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
@@ -25,8 +28,20 @@ FALLBACK_AUTOCHECKPOINT_PAGES = 65536
 
 @contextmanager
 def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Cursor]:
-    """BEGIN IMMEDIATE ... COMMIT on an autocommit connection; ROLLBACK and re-raise on any exception."""
-    conn.execute("BEGIN IMMEDIATE")
+    """BEGIN IMMEDIATE ... COMMIT on an autocommit connection; ROLLBACK and re-raise on any exception.
+
+    While another connection holds the write lock (another process writing), BEGIN waits for it, logging
+    `database_busy` each busy timeout (5 s): a writer waits out a long lock rather than failing (a relay whose
+    writer fails stops).  Nothing has been written when BEGIN is refused, so trying again is safe.
+    """
+    while True:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            break
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+                raise
+            log.warning("database_busy", note="another connection holds the write lock: waiting for it")
     try:
         yield conn.cursor()
         conn.execute("COMMIT")

@@ -235,11 +235,27 @@ class Records:
                                               order_by, limit, after)
 
     def _when_built(self, conn: sqlite3.Connection, table: str, read, *args):
-        # In the read's own snapshot: a build that finishes meanwhile is seen finished or not at all.
-        progress = build_progress(conn, self._projector[table])
-        if progress is not None:
-            raise TableBuilding(table, progress)
-        return read(conn, *args)
+        return when_built(conn, self._projector[table], table, read, *args)
+
+
+def when_built(conn: sqlite3.Connection, projector: str, table: str, read, *args):
+    """`read(conn, *args)`, unless `projector` (which writes `table`) is being built; call it inside the read's
+    own snapshot, so that a build finishing meanwhile is seen finished or not at all.
+
+    Raises:
+        TableBuilding: the projector is being built.
+    """
+    progress = build_progress(conn, projector)
+    if progress is not None:
+        raise TableBuilding(table, progress)
+    return read(conn, *args)
+
+
+def has_row(conn: sqlite3.Connection, table: str, match: Mapping[str, object]) -> bool:
+    """Whether `table` has a row whose columns equal `match` (column -> value)."""
+    where = " AND ".join(f"{quote(column)} = ?" for column in match)
+    found = conn.execute(f"SELECT 1 FROM {quote(table)} WHERE {where} LIMIT 1", tuple(match.values())).fetchone()
+    return found is not None
 
 
 def views(specs: Iterable[object], private_kinds: Iterable[int] = ()) -> dict[str, TableView]:
@@ -302,4 +318,5 @@ def _typed(column: str, type_: str, value: object) -> object:
     return value
 
 
-__all__ = ["DEFAULT_LIMIT", "Page", "RecordQueryError", "Records", "TableBuilding", "TableView", "decode_cursor", "encode_cursor", "views"]
+__all__ = ["DEFAULT_LIMIT", "Page", "RecordQueryError", "Records", "TableBuilding", "TableView", "decode_cursor", "encode_cursor",
+           "has_row", "views", "when_built"]

@@ -9,12 +9,14 @@ import json
 import time
 
 import pytest
+import structlog.testing
 import websockets
 
 from relay.ingest import RECORD
 from relay.ingest.outcome import ACCEPTED, NEWER_VERSION
 from relay.keys import NodeKey
 from relay.protocol.event import EventLimits, parse_event
+from relay.protocol.filters import parse_filter
 from relay.protocol.rejection import Rejection
 from relay.store import clock
 from relay.store.projectors import BUILTIN_PROJECTORS
@@ -176,3 +178,64 @@ async def test_bad_tables_rows_and_keys_are_refused_by_name(relay):
     with pytest.raises(RowRefused) as neither:
         await records.delete_record("profiles")
     assert neither.value.parameter == "pk"
+
+
+async def test_a_created_at_too_far_ahead_is_refused_before_the_clock_moves(relay):
+    """An explicit created_at past the future limit is refused "invalid:" and reserves nothing: the next put
+    to that coordinate is signed now, with no wait and no rate limit."""
+    records = relay.node.records
+    with pytest.raises(Rejection) as refused:
+        await records.put_record("profiles", {"name": "fut"}, created_at=4_000_000_000)
+    assert str(refused.value).startswith("invalid: created_at 4000000000 is too far in the future")
+    written = await records.put_record("profiles", {"name": "now"}, wait=False)
+    assert written.outcome == ACCEPTED and written.event["created_at"] <= time.time() + 1
+
+
+async def test_a_wait_for_the_clock_is_logged_once(tmp_path):
+    """A put that waits for its coordinate's clock says so once in the log (a silent wait looks like a hang)."""
+    relay = Relay(make_config(tmp_path, limits={"max_created_at_future_seconds": 62}))
+    await relay.start()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            for _ in range(4):  # 2 s of margin: the fourth put of one second waits
+                assert (await relay.node.records.put_record("profiles", {"name": "x"})).outcome == ACCEPTED
+        assert [e["event"] for e in logs].count("record_clock_wait") == 1
+    finally:
+        await relay.stop()
+
+
+async def test_a_record_whose_event_a_client_could_not_send_is_refused(tmp_path):
+    """A row signed into an event whose EVENT message exceeds limits.max_message_bytes is refused "invalid:"
+    and not stored; ingest's event limits (tags) apply to records as to clients."""
+    relay = Relay(make_config(tmp_path, limits={"max_message_bytes": 9000, "max_event_tags": 100},
+                              negentropy={"frame_size_limit": 4096}))
+    await relay.start()
+    try:
+        records = relay.node.records
+        written = await records.put_record("profiles", {"name": "big", "about": "x" * 9000})
+        assert (written.outcome.accepted, written.outcome.prefix) == (False, "invalid")
+        assert "limits.max_message_bytes" in written.outcome.reason
+        assert await records.get_record("profiles", {"pubkey": records.node_key.pubkey}) is None
+        many = await records.put_record("follows", [{"followed": f"{i:064x}"} for i in range(101)])
+        assert (many.outcome.accepted, many.outcome.prefix) == (False, "invalid")
+    finally:
+        await relay.stop()
+
+
+async def test_a_lone_surrogate_in_a_row_is_refused_naming_the_field(relay):
+    """A string that no UTF-8 JSON holds is refused with RowRefused naming its column, not a crash."""
+    with pytest.raises(RowRefused) as refused:
+        await relay.node.records.put_record("profiles", {"name": "\ud800"})
+    assert refused.value.parameter == "name" and "surrogate" in str(refused.value)
+
+
+async def test_deleting_a_row_that_does_not_exist_is_refused_and_stores_nothing(relay):
+    """A delete matching no row is refused "invalid: no such row" instead of storing a kind-5 that deletes
+    nothing, by key and by event id."""
+    records = relay.node.records
+    by_key = await records.delete_record("articles", pk={"pubkey": records.node_key.pubkey, "d": "never"})
+    by_id = await records.delete_record("profiles", event_id="ef" * 32)
+    for written in (by_key, by_id):
+        assert (written.outcome.accepted, written.outcome.prefix) == (False, "invalid")
+        assert written.outcome.reason.startswith("no such row of ")
+    assert await relay.store.query([parse_filter({"kinds": [5]})], 100, 100) == []

@@ -66,7 +66,7 @@ async def test_tables_lists_columns_key_and_indexes_without_private_kinds(tmp_pa
         assert tables["profiles"]["indexes"] == [["nip05"]]
         assert {"name": "nip05", "type": "TEXT"} in tables["profiles"]["columns"]
         await store_events(relay.store, [Keys(5).sign(4, "secret", [["p", Keys(6).pubkey]])])
-        assert await _get(relay, "/tables/dms") == (404, {"error": "invalid: no table 'dms' is served here",
+        assert await _get(relay, "/tables/dms") == (404, {"error": "not found: no table 'dms' is served here",
                                                           "parameter": "table"})
         # (the Python API of the application itself reads it)
         assert (await relay.node.records.query_records("profiles")).rows == []

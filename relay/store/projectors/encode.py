@@ -88,13 +88,19 @@ def _rows_of(spec: ProjectorSpec, rows: object) -> list[Mapping[str, object]]:
 
 
 def _check_columns(spec: ProjectorSpec, row: Mapping[str, object], pubkey: str, created_at: int | None) -> None:
-    """Unknown columns, and values of the columns signing decides, refused."""
+    """Unknown columns, text that is not UTF-8 (a lone surrogate), and values of the columns signing decides,
+    refused."""
     attributes = {**_RESERVED_SOURCES, **{f.name: f.source for f in spec.fields
                                           if parse_source(f.source).origin == "attribute"}}
     decided = {"id": None, "pubkey": pubkey, "created_at": created_at, "kind": spec.kind}
     for column, value in row.items():
         if column not in spec.column_types:
             raise RowRefused(column, f"no such column in {spec.table} (columns: {', '.join(spec.columns)})")
+        if type(value) is str and not value.isascii():
+            try:
+                value.encode()
+            except UnicodeEncodeError:  # no event holds it: the JSON of an event is UTF-8 (NIP-01)
+                raise RowRefused(column, "the text holds a lone surrogate (not valid UTF-8)") from None
         attribute = attributes.get(column)
         if attribute is None or value is None:
             continue

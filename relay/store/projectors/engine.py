@@ -197,6 +197,7 @@ class ProjectorHook:
     logged before and not named is no longer).  `max_refusals`: rows kept
     in `projector_refusals`.  `rebuild_batch`: events per rebuild transaction
     (per build step with `background`, where `build_batch` is used instead).
+    `served`: a relay serves the database and owns the builds in progress, which `setup` leaves to it.
     After `setup`, `rebuilt` lists (name, reason) of the projectors rebuilt or
     being built, `builds` the builds left for the background (`background`
     only), and `removed` the names found in `meta` but no longer configured.
@@ -204,7 +205,7 @@ class ProjectorHook:
 
     def __init__(self, specs: Sequence[AnySpec], max_refusals: int = MAX_REFUSALS, rebuild_batch: int = REBUILD_BATCH,
                  clock: Callable[[], float] = time.time, background: bool = False,
-                 build_batch: int = BUILD_BATCH, row_tables: Iterable[str] = ()) -> None:
+                 build_batch: int = BUILD_BATCH, row_tables: Iterable[str] = (), served: bool = False) -> None:
         names = [s.name for s in specs]
         duplicate = next((n for n in names if names.count(n) > 1), None)
         if duplicate is not None:
@@ -229,6 +230,7 @@ class ProjectorHook:
         self._causal_kinds = {c.spec.kind for c in self.causal}
         self.background = background
         self.build_batch = build_batch
+        self.served = served
         self.builds: list[Build] = []
         self.rebuilt: list[tuple[str, str]] = []
         self.removed: list[str] = []
@@ -249,6 +251,9 @@ class ProjectorHook:
             record = records.get(spec.name)
             reason = pending_reason(spec, record, conn)
             if reason is None:
+                continue
+            if self.served and isinstance(spec, ProjectorSpec) and progress_of(record, record_for(spec, "current")) is not None:
+                log.info("projector_build_left", projector=spec.name, reason="the relay serving the database builds it")
                 continue
             self.rebuilt.append((spec.name, reason))
             if isinstance(spec, CausalSpec):

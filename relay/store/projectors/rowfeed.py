@@ -10,7 +10,9 @@ an "insert" of every row it has then, and when a build empties the table
 (`reset`) its older changes are dropped with it: replaying a table's changes
 from its oldest cursor gives the table, and an older cursor is refused
 (`feed.StaleCursor`), never skipped silently.  At most the event feed's
-`max_entries` changes are kept (oldest dropped first, `oldest` moved past them).
+`max_entries` changes are kept (oldest dropped first, `oldest` moved past them); once that drops changes of
+a table, its log no longer starts with the table (`trimmed`, a `meta` mark cleared when its log starts again),
+so reading it from its oldest cursor no longer rebuilds the table.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from relay.store.projectors.spec import ProjectorSpec
 from relay.store.projectors.tables import quote
 
 INSERT, REPLACE, REMOVE = "insert", "replace", "remove"
+_TRIMMED = "row_feed_trimmed:"  # `meta` key prefix: the table's log lost changes to the bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +101,7 @@ def enable(cur: sqlite3.Cursor, spec: ProjectorSpec) -> None:
     if is_logged(cur, spec.table):
         return
     cur.execute("INSERT INTO row_feed_tables (tbl, oldest) VALUES (?, ?)", (spec.table, _fresh_start(cur)))
+    cur.execute("DELETE FROM meta WHERE key = ?", (_TRIMMED + spec.table,))
     columns = ", ".join(quote(c) for c in spec.stored_columns)
     rows = cur.execute(f"SELECT {columns} FROM {quote(spec.table)}").fetchall()
     log(cur, RowEncoder(spec), [], rows, INSERT)
@@ -107,6 +111,7 @@ def disable(cur: sqlite3.Cursor, table: str) -> None:
     """Stop logging `table` and drop its changes."""
     cur.execute("DELETE FROM row_changes WHERE tbl = ?", (table,))
     cur.execute("DELETE FROM row_feed_tables WHERE tbl = ?", (table,))
+    cur.execute("DELETE FROM meta WHERE key = ?", (_TRIMMED + table,))
 
 
 def logged_tables(conn: sqlite3.Connection | sqlite3.Cursor) -> set[str]:
@@ -118,6 +123,7 @@ def reset(cur: sqlite3.Cursor, table: str) -> None:
     """`table` was emptied (a build from scratch): its earlier changes go, and cursors from before are stale."""
     cur.execute("DELETE FROM row_changes WHERE tbl = ?", (table,))
     cur.execute("UPDATE row_feed_tables SET oldest = ? WHERE tbl = ?", (_fresh_start(cur), table))
+    cur.execute("DELETE FROM meta WHERE key = ?", (_TRIMMED + table,))
 
 
 def log(cur: sqlite3.Cursor, encoder: RowEncoder, removed_keys: Iterable[tuple], rows: Sequence[Sequence],
@@ -136,8 +142,12 @@ def log(cur: sqlite3.Cursor, encoder: RowEncoder, removed_keys: Iterable[tuple],
         return
     cur.executemany("INSERT INTO row_changes (tbl, op, key, row) VALUES (?, ?, ?, ?)", entries)
     cut = _last(cur) - cur.execute("SELECT max_entries FROM feed_state").fetchone()[0]
-    if cut > 0 and cur.execute("DELETE FROM row_changes WHERE seq <= ?", (cut,)).rowcount:
-        cur.execute("UPDATE row_feed_tables SET oldest = max(oldest, ?)", (cut,))
+    if cut > 0:
+        cut_tables = {t for (t,) in cur.execute("DELETE FROM row_changes WHERE seq <= ? RETURNING tbl", (cut,))}
+        if cut_tables:
+            cur.execute("UPDATE row_feed_tables SET oldest = max(oldest, ?)", (cut,))
+            cur.executemany("INSERT OR IGNORE INTO meta (key, value) VALUES (?, '1')",
+                            [(_TRIMMED + t,) for t in cut_tables])
 
 
 def oldest(conn: sqlite3.Connection, table: str) -> int:
@@ -150,6 +160,12 @@ def oldest(conn: sqlite3.Connection, table: str) -> int:
     if row is None:
         raise NotLogged(f"no row changes are logged for {table!r} (add it to [store] row_change_tables)")
     return row[0]
+
+
+def trimmed(conn: sqlite3.Connection, table: str) -> bool:
+    """Whether the bound dropped changes of `table` since its log (re)started: then its changes from `oldest`
+    no longer rebuild the table (read the rows, then follow from a cursor read before them)."""
+    return conn.execute("SELECT 1 FROM meta WHERE key = ?", (_TRIMMED + table,)).fetchone() is not None
 
 
 def head(conn: sqlite3.Connection) -> int:

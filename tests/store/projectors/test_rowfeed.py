@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from relay.store import feed
 from relay.store.feed import StaleCursor
 from relay.store.projectors import BUILTIN_PROJECTORS
 from relay.store.projectors import rowfeed
@@ -210,3 +211,52 @@ def test_row_change_tables_must_name_plain_projectors():
     with pytest.raises(ValueError):
         ProjectorHook(BUILTIN_PROJECTORS, row_tables=["nope"])
     assert sqlite3.sqlite_version_info >= (3, 35)  # RETURNING
+
+
+def test_relay_changes_table_from_the_start_exits_3_once_its_start_is_dropped(tmp_path):
+    """With more changes than the log keeps, reading a table's changes from the start would print a partial
+    table: it exits 3 naming the position to follow from after `relay query`; a rebuild starts the log again."""
+    path = tmp_path / "relay.db"
+
+    async def run():
+        store, _ = await open_store(path, BUILTIN_PROJECTORS, row_tables=["profiles"])
+        await store.run_job(lambda conn, hooks: (Changes(), feed.set_max_entries(conn, 2)))
+        await submit_batches(store, [event(Keys(0x6100 + i), 0, {"name": str(i)}) for i in range(3)], [1, 1])
+        await store.close()
+
+    asyncio.run(run())
+    out = relay_cli("changes", "--table", "profiles", "--db", path)
+    conn = connect(path)
+    head = rowfeed.head(conn)
+    conn.close()
+    assert out.returncode == 3 and out.stdout == ""
+    assert "relay query profiles --json" in out.stderr and f"--since {head}" in out.stderr
+    with sqlite3.connect(path) as writable:  # room for the whole table again, then a build logs it anew
+        feed.set_max_entries(writable, 100)
+    rebuilt = relay_cli("projectors", "rebuild", "profiles", "--db", path, "--config", _config(tmp_path))
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    again = relay_cli("changes", "--table", "profiles", "--db", path)
+    assert again.returncode == 0 and len(again.stdout.splitlines()) == 3
+    stale = relay_cli("changes", "--table", "profiles", "--db", path, "--since", head)
+    assert stale.returncode == 3 and "from before profiles was built again from empty" in stale.stderr
+
+
+def test_relay_changes_refuses_a_cursor_past_the_newest_and_a_table_that_does_not_exist(tmp_path):
+    """A cursor beyond the newest position exits 2 naming it (not a silent empty answer); so does --table of a
+    table that does not exist, saying so."""
+    path = tmp_path / "relay.db"
+
+    async def run():
+        store, _ = await open_store(path, BUILTIN_PROJECTORS, row_tables=["profiles"])
+        await submit_batches(store, [event(Keys(0x6200), 0, {"name": "x"})])
+        await store.close()
+
+    asyncio.run(run())
+    conn = connect(path)
+    head = rowfeed.head(conn)
+    conn.close()
+    ahead = relay_cli("changes", "--table", "profiles", "--db", path, "--since", head + 5)
+    assert ahead.returncode == 2 and f"past the newest position, {head}" in ahead.stderr
+    assert relay_cli("changes", "--db", path, "--since", 10**6).returncode == 2
+    nosuch = relay_cli("changes", "--table", "nosuch", "--db", path)
+    assert nosuch.returncode == 2 and "no such table: 'nosuch'" in nosuch.stderr
