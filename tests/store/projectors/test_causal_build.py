@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import tempfile
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -15,18 +14,13 @@ from hypothesis import strategies as st
 from relay.commands.projectors import BUILDING_EXIT, run_query, run_verify
 from relay.config import load_config
 from relay.store.projectors.tables import build_progress, read_meta
-from relay.store.writes import Changes
 from tests.causal_app import TOML
 from tests.helpers import Keys
-from tests.store.projectors.common import connect, dumps, event, open_store, problems, rows, submit_batches
+from tests.store.projectors.common import (build_step, build_while_writing, built_and_live, connect, event,
+                                           open_store, problems, rows, submit_batches)
 from tests.store.projectors.test_causal import DELETIONS, DOCS, OPS, history
 
 KIND = 4242
-
-
-async def _step(store, build) -> bool:
-    """One build step as the relay runs it: a job of the store's writer, between batches of events."""
-    return await store.run_job(lambda conn, hooks, b: (Changes(), b.step(conn)), build)
 
 
 async def _built_while_writing(path: Path, before: list, during: list, batch: int, sizes: list[int]) -> None:
@@ -36,16 +30,7 @@ async def _built_while_writing(path: Path, before: list, during: list, batch: in
     await submit_batches(store, before, [50])
     await store.close()
     store, hook = await open_store(path, (DOCS,), background=True, build_batch=batch)
-    steps, queue = 0, list(during)
-    for build in hook.builds:
-        while True:
-            size = sizes[steps % len(sizes)] if sizes else 1
-            await submit_batches(store, queue[:size], [size])
-            del queue[:size]
-            steps += 1
-            if await _step(store, build):
-                break
-    await submit_batches(store, queue, [3] * 40)
+    await build_while_writing(store, hook, during, sizes, [3] * 40)
     assert read_meta(connect(path))["docs"]["state"] == "current"
     await store.close()
 
@@ -65,16 +50,9 @@ def test_causal_build_with_writes_during_it_equals_a_from_scratch_projection(dat
     kept = data.draw(st.lists(st.booleans(), min_size=len(OPS), max_size=len(OPS)), label="kept ops")
     deletions = data.draw(st.lists(st.sampled_from(DELETIONS), unique_by=lambda e: e.id, max_size=4), label="del")
     events = [e for e, k in zip(OPS, kept) if k] + deletions
-    order = data.draw(st.permutations(events), label="order")
-    cut = data.draw(st.integers(0, len(events)), label="events before the build")
-    batch = data.draw(st.integers(1, 4), label="events per step")
-    sizes = data.draw(st.lists(st.integers(0, 4), max_size=6), label="writes between steps")
-    with tempfile.TemporaryDirectory() as tmp:
-        built, live = Path(tmp) / "built.db", Path(tmp) / "live.db"
-        asyncio.run(_built_while_writing(built, list(order[:cut]), list(order[cut:]), batch, sizes))
-        asyncio.run(_live(live, list(order)))
-        assert problems(built, (DOCS,)) == []
-        assert dumps(built, (DOCS,)) == dumps(live, (DOCS,))
+    built, live, found = built_and_live(data, events, (DOCS,), _built_while_writing, _live)
+    assert found == []
+    assert built == live
 
 
 def _operations(logs: int, length: int) -> list:
@@ -102,28 +80,25 @@ def test_a_causal_build_cut_short_resumes_after_its_checkpoint(tmp_path):
     config = dataclasses.replace(loaded, projectors=tuple(specs))  # the built-in projectors are not built here
     operations = _operations(4, 10)
 
-    async def run():
+    async def run() -> tuple:
         store, _ = await open_store(path, ())
         await submit_batches(store, operations, [100])
         await store.close()
         store, hook = await open_store(path, specs, background=True, build_batch=5)
-        (build,) = hook.builds
-        for _ in range(3):
-            assert not await _step(store, build)
+        assert [await build_step(store, hook.builds[0]) for _ in range(3)] == [False] * 3
         await store.close()
         assert build_progress(connect(path), "docs") == {"done": 15, "total": 40}
         assert run_verify(config) == BUILDING_EXIT
         assert run_query(config, "doc_values", None, "json", None) == BUILDING_EXIT
         store, hook = await open_store(path, specs, background=True, build_batch=5)
-        assert hook.rebuilt == [("docs", "building (15 of 40)")]
-        (build,) = hook.builds
-        assert build.remaining == 40 - 15  # nothing before the checkpoint is read again
-        while not await _step(store, build):
-            pass
-        assert build.read == 25
+        left = hook.builds[0].remaining
+        await build_while_writing(store, hook, [], [], [])
         await store.close()
+        return hook.rebuilt, left, hook.builds[0].read
 
-    asyncio.run(run())
+    rebuilt, left, read = asyncio.run(run())
+    assert rebuilt == [("docs", "building (15 of 40)")]
+    assert left == read == 40 - 15  # nothing before the checkpoint is read again
     assert problems(path, specs) == []
     assert run_verify(config) == 0
     for n in range(4):
