@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import json
 import os
 import shutil
 import signal
@@ -406,3 +407,12 @@ def target_parser(doc: str | None) -> tuple[argparse.ArgumentParser, argparse._M
     target.add_argument("--url", help="a relay already running there")
     target.add_argument("--relay", choices=RELAYS, help="start this relay (fresh store) and use it")
     return ap, target
+
+
+def write_results(name: str, report: dict) -> Path:
+    """Write `report` as JSON to bench/results/<name>-<stamp>.json, say where on stderr, and return the path."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps(report, indent=2), encoding="utf-8")
+    eprint(f"wrote {out}")
+    return out

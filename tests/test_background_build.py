@@ -37,22 +37,25 @@ def _note(i: int) -> dict:
             "sig": "00" * 64}
 
 
-@pytest.fixture(scope="module")
-def big_store(tmp_path_factory) -> Path:
-    """A database of NOTES kind-1 events and no projector (written once per module, copied by each test)."""
-    path = tmp_path_factory.mktemp("big")
-    config = dataclasses.replace(make_config(path), projectors=())
+def stored_without_projectors(directory: Path, events: list[dict]) -> Path:
+    """A database in `directory` holding `events` (signatures unchecked) and no projector; returns its path."""
+    config = dataclasses.replace(make_config(directory), projectors=())
 
     async def fill():
         store = await open_store(config)
         limits, now = EventLimits(), time.time()
-        for start in range(0, NOTES, 5000):
-            await asyncio.gather(*(store.submit(parse_event(_note(i), limits, now))
-                                   for i in range(start, min(NOTES, start + 5000))))
+        for start in range(0, len(events), 5000):
+            await asyncio.gather(*(store.submit(parse_event(e, limits, now)) for e in events[start:start + 5000]))
         await store.close()
 
     asyncio.run(fill())
     return Path(config.store.path)
+
+
+@pytest.fixture(scope="module")
+def big_store(tmp_path_factory) -> Path:
+    """A database of NOTES kind-1 events and no projector (written once per module, copied by each test)."""
+    return stored_without_projectors(tmp_path_factory.mktemp("big"), [_note(i) for i in range(NOTES)])
 
 
 def _config(tmp_path: Path, big_store: Path, batch: int) -> tuple[Path, int]:
@@ -79,10 +82,11 @@ fields = [{{name = "id", type = "TEXT", source = "id"}}, {{name = "body", type =
     return config, port
 
 
-def _progress(tmp_path: Path) -> dict | None:
+def _progress(tmp_path: Path, projector: str = "notes") -> dict | None:
+    """The build progress of `projector` in `tmp_path/relay.db`, read-only (None when it is not being built)."""
     conn = sqlite3.connect(f"file:{tmp_path / 'relay.db'}?mode=ro", uri=True)
     try:
-        return build_progress(conn, "notes")
+        return build_progress(conn, projector)
     finally:
         conn.close()
 

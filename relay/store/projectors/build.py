@@ -1,7 +1,8 @@
-"""Builds of plain projectors that resume: bounded steps, each one transaction holding its checkpoint.
+"""Builds of projectors that resume: bounded steps, each one transaction holding its checkpoint.
 
 How this works.  `Build.start` (from the hook's `setup`, on the writer
-connection) prepares the table: created; altered when the new spec only adds
+connection) prepares the target's tables (`PlainTarget` here, `causal_build.CausalTarget` for a causal
+projector).  A plain table is created; altered when the new spec only adds
 fields to the one built (the rows are kept and refilled); else emptied.  It
 writes the projector's `meta` record in state "building" with
 `build` = {"through": the largest `events.seq` then, "after": the last seq
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import structlog
@@ -79,15 +80,69 @@ def adds_fields_only(record: dict | None, current: dict) -> bool:
     return len(new) > len(old) and all(field in new for field in old)
 
 
+class Target(Protocol):
+    """What a build writes: one projector's tables (`PlainTarget`, `causal_build.CausalTarget`)."""
+
+    name: str  # the projector's name (its `meta` record)
+    kind: int  # the event kind it reads
+
+    def prepare(self, cur: sqlite3.Cursor, fill: bool) -> str:
+        """Make the tables fit the spec, emptied unless `fill`; returns what was done to the schema."""
+        ...
+
+    def project(self, cur: sqlite3.Cursor, seqs: list[int], refusals: list, fill: bool) -> None:
+        """Project the stored events whose `events.seq` is in `seqs` (ascending) inside the step's transaction."""
+        ...
+
+
+def chunks_by_seq(cur: sqlite3.Cursor, seqs: list[int]) -> Iterator[list[Event]]:
+    """The stored events of `seqs` in seq order, a statement's worth (`events_by_seq`) at a time."""
+    for start in range(0, len(seqs), _STEP_STATEMENT):
+        yield events_by_seq(cur, seqs[start:start + _STEP_STATEMENT])
+
+
+class PlainTarget:
+    """A plain projector as a build's target: rows written with INSERT OR REPLACE, logged in its row feed."""
+
+    def __init__(self, projector: Writes) -> None:
+        self.projector = projector
+        self.name, self.kind = projector.spec.name, projector.spec.kind
+        self._delete_event_sql = (f"DELETE FROM {quote(projector.spec.table)} WHERE _event_id = ? RETURNING "
+                                  + ", ".join(quote(c) for c in projector.spec.key_columns()))
+
+    def prepare(self, cur: sqlite3.Cursor, fill: bool) -> str:
+        """`sync_schema`, then (unless a fill) the table, its refusals and its row feed emptied."""
+        spec = self.projector.spec
+        schema = sync_schema(cur, spec)
+        if not fill:
+            cur.execute(f"DELETE FROM {quote(spec.table)}")
+            cur.execute("DELETE FROM projector_refusals WHERE projector = ?", (spec.name,))
+            if rowfeed.is_logged(cur, spec.table):
+                rowfeed.reset(cur, spec.table)
+        return schema
+
+    def project(self, cur: sqlite3.Cursor, seqs: list[int], refusals: list, fill: bool) -> None:
+        """The events' rows written over any row of the same key; in a fill, rows of events now refused removed."""
+        logged = rowfeed.is_logged(cur, self.projector.spec.table)
+        written: list[tuple] | None = [] if logged else None
+        for events in chunks_by_seq(cur, seqs):
+            self.projector.write(cur, events, refusals, replace=True, written=written)
+        # a fill keeps the rows: those of an event a new field now refuses go (a build from empty has none)
+        removed = [key for _, event_id, _ in refusals for key in cur.execute(
+            self._delete_event_sql, (event_id,))] if fill else []
+        if logged:  # a fill puts rows back over the same keys
+            rowfeed.log(cur, self.projector.encoder, removed, written, rowfeed.REPLACE if fill else rowfeed.INSERT)
+
+
 class Build:
-    """One plain projector's build: `start` it, then `step` until it returns True (module docstring).
+    """One projector's build: `start` it, then `step` until it returns True (module docstring).
 
     `read` counts the events this process read (a resumed build starts at 0).
     """
 
-    def __init__(self, projector: Writes, current: dict, progress: dict, seqs: list[int], batch: int,
+    def __init__(self, target: Target, current: dict, progress: dict, seqs: list[int], batch: int,
                  max_refusals: int, clock: Callable[[], float]) -> None:
-        self.projector = projector
+        self.target = target
         self.current = current
         self.progress = progress
         self.seqs = seqs
@@ -96,38 +151,30 @@ class Build:
         self.clock = clock
         self.read = 0
         self.started = self._reported = time.perf_counter()
-        self._delete_event_sql = (f"DELETE FROM {quote(projector.spec.table)} WHERE _event_id = ? RETURNING "
-                                  + ", ".join(quote(c) for c in projector.spec.key_columns()))
 
     @classmethod
-    def start(cls, conn: sqlite3.Connection, projector: Writes, current: dict, record: dict | None, reason: str,
+    def start(cls, conn: sqlite3.Connection, target: Target, current: dict, record: dict | None, reason: str,
               batch: int, max_refusals: int, clock: Callable[[], float] = time.time) -> Build:
-        """Prepare or resume the build of `projector`, whose "current" `meta` record will be `current`, given its
+        """Prepare or resume the build of `target`, whose "current" `meta` record will be `current`, given its
         stored `record`; on an autocommit connection outside any transaction."""
-        spec = projector.spec
         progress = progress_of(record, current)
         if progress is not None:
-            log.info("projector_build_resumed", projector=spec.name, events_done=progress["done"],
+            log.info("projector_build_resumed", projector=target.name, events_done=progress["done"],
                      events_total=progress["total"])
         else:
             fill = adds_fields_only(record, current)
             with transaction(conn) as cur:
-                schema = sync_schema(cur, spec)
-                if not fill:
-                    cur.execute(f"DELETE FROM {quote(spec.table)}")
-                    cur.execute("DELETE FROM projector_refusals WHERE projector = ?", (spec.name,))
-                    if rowfeed.is_logged(cur, spec.table):
-                        rowfeed.reset(cur, spec.table)
+                schema = target.prepare(cur, fill)
                 through = cur.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0]
-                total = cur.execute("SELECT count(*) FROM events WHERE kind = ?", (spec.kind,)).fetchone()[0]
+                total = cur.execute("SELECT count(*) FROM events WHERE kind = ?", (target.kind,)).fetchone()[0]
                 progress = {"after": 0, "through": through, "done": 0, "total": total, "fill": fill}
-                write_meta(cur, spec.name, {**current, "state": "building", "build": progress})
-            log.info("projector_build_started", projector=spec.name, reason=reason, schema=schema, fill=fill,
+                write_meta(cur, target.name, {**current, "state": "building", "build": progress})
+            log.info("projector_build_started", projector=target.name, reason=reason, schema=schema, fill=fill,
                      events_total=total)
         # events_by_kind covers (kind, ..., seq): no table rows are read.
         seqs = sorted(seq for (seq,) in conn.execute("SELECT seq FROM events WHERE kind = ? AND seq > ? AND seq <= ?",
-                                                     (spec.kind, progress["after"], progress["through"])))
-        return cls(projector, current, progress, seqs, batch, max_refusals, clock)
+                                                     (target.kind, progress["after"], progress["through"])))
+        return cls(target, current, progress, seqs, batch, max_refusals, clock)
 
     @property
     def remaining(self) -> int:
@@ -137,36 +184,25 @@ class Build:
     def step(self, conn: sqlite3.Connection) -> bool:
         """Build the next `batch` events in one transaction with the checkpoint; True once the build is done."""
         chunk = self.seqs[self.read:self.read + self.batch]
-        spec = self.projector.spec
+        name = self.target.name
         refusals: list = []
         progress = {**self.progress, "done": self.progress["done"] + len(chunk)}
         if chunk:
             progress["after"] = chunk[-1]
         finished = self.read + len(chunk) >= len(self.seqs)
-        fill = self.progress["fill"]
         with transaction(conn) as cur:
-            logged = rowfeed.is_logged(cur, spec.table)
-            written: list[tuple] | None = [] if logged else None
-            for start in range(0, len(chunk), _STEP_STATEMENT):
-                self.projector.write(cur, events_by_seq(cur, chunk[start:start + _STEP_STATEMENT]), refusals,
-                                     replace=True, written=written)
-            # a fill keeps the rows: those of an event a new field now refuses go (a build from empty has none)
-            removed = [key for _, event_id, _ in refusals for key in cur.execute(
-                self._delete_event_sql, (event_id,))] if fill else []
-            if logged:  # a fill puts rows back over the same keys
-                rowfeed.log(cur, self.projector.encoder, removed, written,
-                            rowfeed.REPLACE if fill else rowfeed.INSERT)
+            self.target.project(cur, chunk, refusals, self.progress["fill"])
             record_refusals(cur, refusals, int(self.clock()), self.max_refusals)
-            write_meta(cur, spec.name, {**self.current, "state": "current"} if finished
+            write_meta(cur, name, {**self.current, "state": "current"} if finished
                        else {**self.current, "state": "building", "build": progress})
         self.read += len(chunk)
         self.progress = progress
         if not finished and time.perf_counter() - self._reported >= 1.0:
             self._reported = time.perf_counter()
-            log.info("projector_build_progress", projector=spec.name, events_done=progress["done"],
+            log.info("projector_build_progress", projector=name, events_done=progress["done"],
                      events_total=progress["total"])
         if finished:
-            log.info("projector_build_finished", projector=spec.name, events_read=self.read,
+            log.info("projector_build_finished", projector=name, events_read=self.read,
                      events_total=progress["total"], seconds=round(time.perf_counter() - self.started, 3))
         return finished
 

@@ -3,12 +3,10 @@
 How this works.  `ProjectorHook` is a `writes.TransactionHook`.  At open
 (`setup`), each projector's spec hash and revision are compared with the
 record in `meta`: an unchanged projector costs one lookup, a new or changed
-plain one is built from `events` in steps that resume after a crash
-(`build.py`): with `background`, a build longer than one step is left in
-`builds` for `background.build_in_background` to run through the writer while the
-relay serves; else (offline commands) it finishes here.  A causal projector
-is rebuilt here in batches (the record says "building" until the last batch
-commits, so a crash mid-way rebuilds it again at the next start).  A
+one (plain or causal: `causal_build.py`) is built from `events` in steps that
+resume after a crash (`build.py`): with `background`, a build longer than one
+step is left in `builds` for `background.build_in_background` to run through
+the writer while the relay serves; else (offline commands) it finishes here.  A
 projector in `meta` that is no longer configured is reported and its table
 left alone.
 
@@ -35,10 +33,10 @@ from operator import itemgetter
 import structlog
 
 from relay.protocol.event import Event
-from relay.store.projectors import causal as causal_mod
 from relay.store.projectors import rowfeed
-from relay.store.projectors.build import Build, events_by_seq, progress_of
+from relay.store.projectors.build import Build, PlainTarget, progress_of
 from relay.store.projectors.causal import CausalEngine, CausalSpec, causal_hash
+from relay.store.projectors.causal_build import CausalTarget
 from relay.store.projectors.rows import Refusal, RowMaker
 from relay.store.projectors.rowfeed import RowEncoder
 from relay.store.projectors.spec import ProjectorSpec, column_identity, shape_hash, spec_hash
@@ -252,13 +250,10 @@ class ProjectorHook:
             reason = pending_reason(spec, record, conn)
             if reason is None:
                 continue
-            if self.served and isinstance(spec, ProjectorSpec) and progress_of(record, record_for(spec, "current")) is not None:
+            if self.served and progress_of(record, record_for(spec, "current")) is not None:
                 log.info("projector_build_left", projector=spec.name, reason="the relay serving the database builds it")
                 continue
             self.rebuilt.append((spec.name, reason))
-            if isinstance(spec, CausalSpec):
-                rebuild(conn, spec, reason, self.rebuild_batch, self.max_refusals, self.clock)
-                continue
             batch = self.build_batch if self.background else self.rebuild_batch
             build = start_build(conn, spec, record, reason, batch, self.max_refusals, self.clock)
             if self.background and build.remaining > batch:
@@ -327,11 +322,6 @@ class ProjectorHook:
 
 # -------------------------------------------------------------------- rebuild
 
-def _event_seqs(conn: sqlite3.Connection, kind: int) -> list[int]:
-    # events_by_kind covers (kind, ..., seq): no table rows are read.
-    return sorted(row[0] for row in conn.execute("SELECT seq FROM events WHERE kind = ?", (kind,)))
-
-
 class TableTaken(RuntimeError):
     """A projector names a table that exists and belongs to no projector (it is never dropped or changed)."""
 
@@ -344,9 +334,9 @@ def _check_ownership(cur: sqlite3.Cursor, spec: AnySpec) -> None:
                              "choose another table name")
 
 
-def start_build(conn: sqlite3.Connection, spec: ProjectorSpec, record: dict | None, reason: str, batch: int,
+def start_build(conn: sqlite3.Connection, spec: AnySpec, record: dict | None, reason: str, batch: int,
                 max_refusals: int, clock: Callable[[], float] = time.time) -> Build:
-    """Prepare (or resume, see `build.py`) the build of plain `spec` given its stored `meta` record.
+    """Prepare (or resume, see `build.py`) the build of `spec` given its stored `meta` record.
 
     Raises:
         TableTaken: a table of the spec exists and no projector made it.
@@ -354,64 +344,26 @@ def start_build(conn: sqlite3.Connection, spec: ProjectorSpec, record: dict | No
     current = record_for(spec, "current")
     if progress_of(record, current) is None:
         _check_ownership(conn.cursor(), spec)
-    return Build.start(conn, PlainProjector(spec), current, record, reason, batch, max_refusals, clock)
+    target = CausalTarget(CausalEngine(spec)) if isinstance(spec, CausalSpec) else PlainTarget(PlainProjector(spec))
+    return Build.start(conn, target, current, record, reason, batch, max_refusals, clock)
 
 
 def rebuild(conn: sqlite3.Connection, spec: AnySpec, reason: str, batch: int, max_refusals: int,
             clock: Callable[[], float] = time.time) -> int:
-    """Recompute `spec`'s tables from the `events` table now, in transactions of `batch` events (at most 900 per
-    statement). Returns the events read.
+    """Recompute `spec`'s tables from the `events` table now, from empty, in transactions of `batch` events (at
+    most 900 per statement; `build.py`). Returns the events read.
 
-    A plain spec is built from empty (`build.py`); a causal one's `meta`
-    record says "building" until the last batch commits.  Safe to run while
-    another process writes with the same spec (rows are written with INSERT
-    OR REPLACE).  Runs on an autocommit connection, outside any transaction.
+    Safe to run while another process writes with the same spec (plain rows
+    are written with INSERT OR REPLACE; causal logs are settled from all
+    their recorded operations).  Runs on an autocommit connection, outside
+    any transaction.
 
     Raises:
         TableTaken: a table of the spec exists and no projector made it.
     """
-    if isinstance(spec, ProjectorSpec):
-        build = start_build(conn, spec, None, reason, batch, max_refusals, clock)
-        build.finish(conn)
-        return build.read
-    started = time.perf_counter()
-    log.info("projector_rebuild_started", projector=spec.name, reason=reason)
-    with transaction(conn) as cur:
-        _check_ownership(cur, spec)
-        causal_mod.create_tables(cur, spec, drop=True)
-        cur.execute("DELETE FROM causal_ops WHERE projector = ?", (spec.name,))
-        cur.execute("DELETE FROM projector_refusals WHERE projector = ?", (spec.name,))
-        write_meta(cur, spec.name, record_for(spec, "building"))
-        seqs = _event_seqs(conn, spec.kind)
-    total = len(seqs)
-    log.info("projector_rebuild_schema", projector=spec.name, schema="recreated", events=total)
-    engine = CausalEngine(spec)
-    touched: set[tuple[str, str]] = set()
-    done, last_report = 0, time.perf_counter()
-    step = max(1, min(batch, 900))
-    for start in range(0, total, batch):
-        refusals: Refusals = []
-        with transaction(conn) as cur:
-            for sub in range(start, min(start + batch, total), step):
-                events = events_by_seq(cur, seqs[sub:min(sub + step, start + batch, total)])
-                touched |= engine.add(conn, events, refusals)
-                done += len(events)
-            record_refusals(cur, refusals, int(clock()), max_refusals)
-        if time.perf_counter() - last_report >= 1.0 or done == total:
-            last_report = time.perf_counter()
-            log.info("projector_rebuild_progress", projector=spec.name, events_done=done, events_total=total)
-    logs = sorted(touched)
-    for start in range(0, len(logs), max(1, batch // 10)):
-        refusals = []
-        with transaction(conn):
-            for log_id, author in logs[start:start + max(1, batch // 10)]:
-                engine.settle(conn, log_id, author, refusals)
-            record_refusals(conn.cursor(), refusals, int(clock()), max_refusals)
-    with transaction(conn) as cur:
-        write_meta(cur, spec.name, record_for(spec, "current"))
-    log.info("projector_rebuild_finished", projector=spec.name, events=total,
-             seconds=round(time.perf_counter() - started, 3))
-    return total
+    build = start_build(conn, spec, None, reason, batch, max_refusals, clock)
+    build.finish(conn)
+    return build.read
 
 
 def force_rebuild(conn: sqlite3.Connection, specs: Sequence[AnySpec], name: str, batch: int,

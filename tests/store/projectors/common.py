@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from hypothesis import strategies as st
 
 from relay.protocol.event import Event, EventLimits, parse_event
 from relay.store.projectors import BUILTIN_PROJECTORS, ProjectorHook
@@ -16,6 +19,7 @@ from relay.store.projectors.spec import ProjectorSpec
 from relay.store.projectors.tables import dump_table
 from relay.store.projectors.verify import verify
 from relay.store.store import Store, StoreOptions
+from relay.store.writes import Changes
 from tests.helpers import Keys
 
 OPTIONS = StoreOptions(read_connections=1, checkpoint_interval_seconds=0)
@@ -95,3 +99,41 @@ def rows(path: Path, sql: str, params: tuple = ()) -> list[tuple]:
         return conn.execute(sql, params).fetchall()
     finally:
         conn.close()
+
+
+async def build_step(store: Store, build) -> bool:
+    """One step of a `build.Build` as the relay runs it: a job of the store's writer, between batches of events."""
+    return await store.run_job(lambda conn, hooks, b: (Changes(), b.step(conn)), build)
+
+
+async def build_while_writing(store: Store, hook: ProjectorHook, during: Sequence[Event], sizes: Sequence[int],
+                              rest_sizes: Sequence[int]) -> int:
+    """Run `hook.builds` step by step, committing a batch of `during` (sizes from `sizes`, else 1) before each
+    step, then the rest in batches of `rest_sizes`. Returns the steps run."""
+    steps, queue = 0, list(during)
+    for build in hook.builds:
+        while True:
+            size = sizes[steps % len(sizes)] if sizes else 1
+            await submit_batches(store, queue[:size], [size])
+            del queue[:size]
+            steps += 1
+            if await build_step(store, build):
+                break
+    await submit_batches(store, queue, rest_sizes)
+    return steps
+
+
+def built_and_live(data, events: Sequence[Event], specs: Sequence, built_while_writing, live) -> tuple:
+    """Draw with hypothesis' `data` an order of `events`, how many are stored before the build, the events per
+    build step and the batches written between steps; run `built_while_writing(path, before, during, batch,
+    sizes)` and `live(path, events in that order)` on two new databases. Returns (the built database's `dumps`,
+    the live one's, the built one's `problems`)."""
+    order = data.draw(st.permutations(events), label="order")
+    cut = data.draw(st.integers(0, len(events)), label="events before the build")
+    batch = data.draw(st.integers(1, 4), label="events per step")
+    sizes = data.draw(st.lists(st.integers(0, 5), max_size=6), label="writes between steps")
+    with tempfile.TemporaryDirectory() as tmp:
+        built, other = Path(tmp) / "built.db", Path(tmp) / "live.db"
+        asyncio.run(built_while_writing(built, list(order[:cut]), list(order[cut:]), batch, sizes))
+        asyncio.run(live(other, list(order)))
+        return dumps(built, specs), dumps(other, specs), problems(built, specs)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,17 +17,12 @@ from relay.store.projectors.build import Build
 from relay.store.projectors.spec import FieldSpec
 from relay.store.projectors.tables import build_progress, read_meta
 from relay.store.records import Records, TableBuilding
-from relay.store.writes import Changes
 from tests.helpers import Keys
-from tests.store.projectors.common import connect, dumps, event, open_store, problems, rows, submit_batches
+from tests.store.projectors.common import build_step, build_while_writing, built_and_live, connect, event
+from tests.store.projectors.common import open_store, problems, rows, submit_batches
 from tests.store.projectors.test_convergence import POOL
 
 PROFILES = next(s for s in BUILTIN_PROJECTORS if s.table == "profiles")
-
-
-async def _step(store, build: Build) -> bool:
-    """One build step as the relay runs it: a job of the store's writer, between batches of events."""
-    return await store.run_job(lambda conn, hooks, b: (Changes(), b.step(conn)), build)
 
 
 async def _live_projection(path: Path, events: list) -> None:
@@ -45,16 +39,7 @@ async def _built_while_writing(path: Path, before: list, during: list, batch: in
     await submit_batches(store, before, [50])
     await store.close()
     store, hook = await open_store(path, BUILTIN_PROJECTORS, background=True, build_batch=batch)
-    steps, queue = 0, list(during)
-    for build in hook.builds:
-        while True:
-            size = sizes[steps % len(sizes)] if sizes else 1
-            await submit_batches(store, queue[:size], [size])
-            del queue[:size]
-            steps += 1
-            if await _step(store, build):
-                break
-    await submit_batches(store, queue, [5] * 40)
+    steps = await build_while_writing(store, hook, during, sizes, [5] * 40)
     await store.purge_expired()
     assert all(r["state"] == "current" for r in read_meta(connect(path)).values())
     await store.close()
@@ -68,16 +53,9 @@ def test_build_with_writes_during_it_equals_a_from_scratch_projection(data):
     projection of the same events (byte for byte) and `verify`'s recomputation."""
     chosen = data.draw(st.lists(st.booleans(), min_size=len(POOL), max_size=len(POOL)), label="kept")
     events = [e for e, keep in zip(POOL, chosen) if keep or e.kind == 5]
-    order = data.draw(st.permutations(events), label="order")
-    cut = data.draw(st.integers(0, len(events)), label="events before the build")
-    batch = data.draw(st.integers(1, 4), label="events per step")
-    sizes = data.draw(st.lists(st.integers(0, 5), max_size=6), label="writes between steps")
-    with tempfile.TemporaryDirectory() as tmp:
-        built, live = Path(tmp) / "built.db", Path(tmp) / "live.db"
-        asyncio.run(_built_while_writing(built, list(order[:cut]), list(order[cut:]), batch, sizes))
-        asyncio.run(_live_projection(live, list(order)))
-        assert problems(built, BUILTIN_PROJECTORS) == []
-        assert dumps(built, BUILTIN_PROJECTORS) == dumps(live, BUILTIN_PROJECTORS)
+    built, live, found = built_and_live(data, events, BUILTIN_PROJECTORS, _built_while_writing, _live_projection)
+    assert found == []
+    assert built == live
 
 
 def test_build_writes_go_between_steps(tmp_path):
@@ -108,7 +86,7 @@ def test_a_build_cut_short_resumes_after_its_checkpoint(tmp_path):
         store, hook = await open_store(path, [PROFILES], background=True, build_batch=5)
         (build,) = hook.builds
         for _ in range(3):
-            assert not await _step(store, build)
+            assert not await build_step(store, build)
         await store.close()
         assert build_progress(connect(path), "profiles") == {"done": 15, "total": 41}
         assert rows(path, "SELECT count(*) FROM profiles")[0][0] == 15
@@ -116,7 +94,7 @@ def test_a_build_cut_short_resumes_after_its_checkpoint(tmp_path):
         assert hook.rebuilt == [("profiles", "building (15 of 41)")]
         (build,) = hook.builds
         assert build.remaining == 41 - 15  # nothing before the checkpoint is read again
-        while not await _step(store, build):
+        while not await build_step(store, build):
             pass
         assert build.read == 26
         await store.close()
@@ -135,13 +113,13 @@ def test_reads_of_a_table_being_built_are_refused_with_the_progress(tmp_path):
         store, hook = await open_store(path, [PROFILES], background=True, build_batch=5)
         records = Records(store, [PROFILES])
         (build,) = hook.builds
-        await _step(store, build)
+        await build_step(store, build)
         with pytest.raises(TableBuilding) as refused:
             await records.query_records("profiles")
         assert refused.value.progress == {"done": 5, "total": 13}
         with pytest.raises(TableBuilding):
             await records.get_record("profiles", {"pubkey": Keys(0x2000).pubkey})
-        while not await _step(store, build):
+        while not await build_step(store, build):
             pass
         page = await records.query_records("profiles", limit=100)
         await store.close()
@@ -161,7 +139,7 @@ async def _respecified(path: Path, events: list, old, new) -> tuple:
 
 
 async def _finish(store, build: Build) -> None:
-    while not await _step(store, build):
+    while not await build_step(store, build):
         pass
     await store.close()
 
@@ -177,7 +155,7 @@ def test_a_spec_that_only_adds_fields_keeps_its_rows_and_fills_them(tmp_path):
         store, build = await _respecified(path, events, narrow, wider)
         assert build.progress["fill"] is True
         assert rows(path, "SELECT count(*), count(zap) FROM profiles")[0] == (20, 0)  # kept, not yet filled
-        await _step(store, build)
+        await build_step(store, build)
         assert rows(path, "SELECT count(*), count(zap) FROM profiles")[0] == (20, 5)
         await _finish(store, build)
 
