@@ -11,9 +11,10 @@ import asyncio
 import time
 
 import orjson
+from websockets.frames import Frame, Opcode
 
 from relay.protocol.negentropy import Negentropy, SortedVector
-from tests.helpers import Client, Keys
+from tests.helpers import Client, Keys, raw_websocket
 from tests.inprocess import Relay
 from tests.served import nip11
 
@@ -253,3 +254,32 @@ async def test_without_challenge_on_connect_the_first_auth_required_brings_it(st
     assert (await authenticate(client, alice, relay.url))[2] is True
     assert await closed_or_events(client, "REQ", "dm", {"kinds": [4]}) == ("EVENTS", [])
     await client.close()
+
+
+async def _read_json_frame(reader: asyncio.StreamReader) -> list:
+    """One unmasked text frame from the relay on a `raw_websocket` connection, decoded."""
+    head = await asyncio.wait_for(reader.readexactly(2), 5)
+    size = head[1] & 0x7F
+    if size >= 126:
+        size = int.from_bytes(await reader.readexactly(2 if size == 126 else 8), "big")
+    return orjson.loads(await reader.readexactly(size))
+
+
+async def test_replies_keep_the_order_of_decisions_when_an_event_and_auth_come_together(start, alice):
+    """A client that sends an EVENT and, in the same TCP write, its AUTH: the EVENT is refused "auth-required:"
+    (it came first) and its OK is written before the AUTH's OK, never after.  nostr-sdk waits for an
+    "authenticated" notice after an "auth-required:" OK and then resends; an AUTH OK that overtook the
+    refusal was consumed before it waited, so it timed out (seen with worker processes)."""
+    relay = await start(auth={"write": "authenticated"})
+    reader, writer = await raw_websocket(relay.port)
+    try:
+        challenge = await _read_json_frame(reader)
+        assert challenge[0] == "AUTH", challenge
+        event, auth = alice.sign(content="pipelined"), auth_event(alice, "ws://relay", challenge[1])  # raw_websocket sends Host: relay
+        writer.write(b"".join(Frame(Opcode.TEXT, orjson.dumps(message)).serialize(mask=True, extensions=[])
+                              for message in (["EVENT", event], ["AUTH", auth])))
+        first, second = await _read_json_frame(reader), await _read_json_frame(reader)
+        assert first[:3] == ["OK", event["id"], False] and first[3].startswith("auth-required: "), first
+        assert second == ["OK", auth["id"], True, ""], second
+    finally:
+        writer.close()

@@ -7,6 +7,7 @@ import sqlite3
 import time
 import urllib.request
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from relay.protocol.negentropy import Negentropy, SortedVector
@@ -30,6 +31,9 @@ def scrape(relay: Relay) -> tuple[str, dict[tuple[str, tuple], float]]:
     return content_type, samples
 
 
+# the writer in this test's process keeps a registry of its own (relay/metrics.py `inherited_multiprocess`), so with
+# worker processes /metrics is the answering worker's alone; the whole relay's page: tests/server/test_workers_shared.py
+@pytest.mark.single_process
 async def test_metrics_count_connections_events_queries_sessions_projectors_and_peers(tmp_path, alice):
     """Every metric family moves with the traffic that should move it, and only by that much."""
     dead_peer = f"ws://127.0.0.1:{free_port()}"  # nothing listens: every sync attempt fails
@@ -99,6 +103,7 @@ async def test_metrics_count_connections_events_queries_sessions_projectors_and_
     assert ("relay_sync_errors_total", (("peer", PEER),)) not in m  # not configured: no in-process attempts
 
 
+@pytest.mark.single_process  # the registries of two writers in this process (with workers, /metrics is a worker's)
 async def test_each_relay_has_its_own_registry(tmp_path, alice):
     """Two relays in one process count their own events only (no global registry)."""
     first = Relay(make_config(tmp_path / "a"))

@@ -58,6 +58,8 @@ async def test_ip_limits_span_connections(start, alice):
         await c.close()
 
 
+@pytest.mark.single_process  # reads the server's connections and connections_refused (across workers:
+# test_workers_shared.py test_ip_connections_hold_across_workers, from /metrics)
 async def test_an_ip_past_its_connections_gets_the_next_closed_and_others_connect(start, alice):
     """`ip_connections = 3` behind a trusted proxy: a fourth connection from one client IP is closed at once
     (1008 "rate-limited: too many connections from this address") and counted; another IP connects; once one

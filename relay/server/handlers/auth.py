@@ -10,7 +10,7 @@ from relay.ingest import Source
 from relay.protocol.envelopes import AuthEnvelope, encode_ok
 from relay.protocol.rejection import Rejection
 from relay.server.handlers.context import Context
-from relay.server.handlers.event import ok
+from relay.server.handlers.event import ok, reply_in_order
 from relay.server.ratelimit import EVENTS, REFUSALS
 
 log = structlog.get_logger(__name__)
@@ -22,12 +22,12 @@ async def handle_auth(ctx: Context, envelope: AuthEnvelope) -> None:
     obj = envelope.event
     ref = obj.get("id")
     if ctx.rate is not None and not ctx.rate.allow(EVENTS):  # an AUTH costs a signature check, as an EVENT
-        await ctx.send(ok(ref, False, REFUSALS[EVENTS]))
+        await reply_in_order(ctx, ok(ref, False, REFUSALS[EVENTS]))
         return
     try:
         pubkey = ctx.access.authenticate(obj, ctx.services.event_limits, time.time())
     except Rejection as rejection:
-        await ctx.send(ok(ref, False, str(rejection)))
+        await reply_in_order(ctx, ok(ref, False, str(rejection)))
         return
     # a configured peer (sync traffic), or [rate_limits] trusted_pubkeys / NIP-86 trustpubkey: not rate limited
     if ctx.access.origin or (ctx.rate is not None and ctx.services.trusted(pubkey)):
@@ -36,4 +36,4 @@ async def handle_auth(ctx: Context, envelope: AuthEnvelope) -> None:
         ctx.source = Source.client(ctx.source.may_publish, peer=ctx.access.origin, ip=ctx.source.ip,
                                    pubkeys=ctx.access.pubkeys)
     log.info("authenticated", pubkey=pubkey, peer=ctx.access.origin or None)
-    await ctx.send(encode_ok(ref, True, ""))
+    await reply_in_order(ctx, encode_ok(ref, True, ""))

@@ -31,13 +31,31 @@ def ok(ref: object, accepted: bool, message: str) -> bytes:
 async def handle_event(ctx: Context, envelope: EventEnvelope) -> None:
     """Take one EVENT once a slot and the writer queue have room; its OK comes later, through the outbox."""
     outbox = ctx.outbox
-    if outbox.in_flight >= ctx.limits.max_events_in_flight:
-        await outbox.slot_freed()
+    await wait_for_slot(ctx)
     await ctx.services.ingest.wait_for_room()
     if outbox.closed or ctx.draining:
         return  # the socket is gone or the relay is stopping: not taken, never answered
     outbox.take_slot()
     _check(ctx, envelope.event)
+
+
+async def wait_for_slot(ctx: Context) -> None:
+    """Wait while the connection has `max_events_in_flight` OKs not yet written (back-pressure: the read
+    loop stops), or until its outbox closes."""
+    if ctx.outbox.in_flight >= ctx.limits.max_events_in_flight:
+        await ctx.outbox.slot_freed()
+
+
+async def reply_in_order(ctx: Context, message: bytes) -> None:
+    """Queue `message` (an OK) behind every reply already queued, holding an in-flight slot as an EVENT's OK.
+
+    An OK written at once could overtake an EVENT's OK decided before it and still queued: nostr-sdk,
+    refused "auth-required:", waits for the next AUTH OK, and one that came first was missed (NIP-42).
+    """
+    await wait_for_slot(ctx)
+    if not ctx.outbox.closed:
+        ctx.outbox.take_slot()
+        ctx.outbox.push_ok(message)
 
 
 def _check(ctx: Context, obj: object) -> None:
