@@ -17,6 +17,7 @@ async def test_sigkill_at_random_moments_loses_no_acknowledged_event(tmp_path, w
     """Kills (some during start-up; with workers, of a worker then of the writer after each start) of a relay
     under concurrent publishing; every check after a kill passes, and both kinds of process were killed."""
     seed = random.randrange(1 << 30)
+    print(f"seed {seed}")  # shown by pytest if `run` raises rather than reports a failure
     report = await run(tmp_path, kills=kills, seed=seed, workers=workers)
     context = f"seed {seed}, {workers} workers: {report.summary()}"
     assert report.failures == [], f"{context}\n" + "\n".join(report.failures)
