@@ -168,3 +168,22 @@ class Served:
         """SIGKILL (a crash: no shutdown code runs), then reap the process (bounded wait)."""
         self.proc.kill()
         self.proc.wait(timeout=15)
+
+    def children(self) -> list[int]:
+        """Pids of the running relay's child processes (its workers with `--workers N`; Linux /proc)."""
+        pid = self.proc.pid
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+    def group(self) -> list[int]:
+        """Pids of the live (not zombie) processes left in this relay's process group, the relay's own
+        included: its workers outlive it if they miss its death.  Needs `new_session=True` (Linux /proc)."""
+        assert self.new_session, "a process group of its own is needed to find what is left of it"
+        live = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                state, _, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+            except OSError:
+                continue  # it exited while we looked
+            if int(pgrp) == self.proc.pid and state != "Z":
+                live.append(int(stat.parent.name))
+        return live

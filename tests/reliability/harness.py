@@ -10,7 +10,10 @@ cycle of `run` starts the relay, checks it, lets the connections publish until a
 arrived, then SIGKILLs it; one cycle in `STARTUP_KILL_ODDS` kills it while it starts instead (imports,
 migrations, projector and negentropy set-up).  Before one start in `REVISION_CHANGE_ODDS` the built-in
 projectors' revision changes, so that start rebuilds their tables in batches (and may be killed mid-way).
-The database, config and relay logs stay in `workdir`.
+With `workers` (`relay serve --workers N`), the first cycle after each start SIGKILLs a random worker
+instead: the relay starts another, the clients reconnect and the relay is checked while it runs; the next
+cycle kills the writer, and its workers must exit on their own.  The database, config and relay logs stay
+in `workdir`.
 
 The check after a restart (`check_relay`):
 
@@ -29,8 +32,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import os
 import random
 import re
+import signal
 import sqlite3
 import time
 from collections import Counter
@@ -42,12 +47,13 @@ import orjson
 import websockets
 from websockets.exceptions import ConnectionClosed
 
+from relay.channel.worker import WRITER_GONE
 from relay.config import Config, load_config
 from relay.store.projectors import BUILTIN_PROJECTORS
 from relay.commands.projectors import run_verify
-from tests.helpers import REAL_EVENTS, Client, Keys, read_jsonl
+from tests.helpers import REAL_EVENTS, Client, Keys, eventually, read_jsonl
 from tests.model import expected_live, first_tag
-from tests.served import Served
+from tests.served import START_TIMEOUT, Served
 
 CONFIG_TOML = """\
 [limits]
@@ -98,7 +104,8 @@ class Workload:
     """The events to publish and the ledger of what was sent and acknowledged.
 
     `sent` and `acked` map event id -> event; `pending` holds the events
-    sent and not answered yet; `refused` counts OK false replies by prefix.
+    sent and not answered yet; `refused` counts OK false replies by prefix, except a worker's answer that
+    it lost the writer (with workers), which leaves the event as unanswered as a kill does.
     """
 
     def __init__(self, seed: int, real: list[dict], authors: int = 6) -> None:
@@ -190,6 +197,8 @@ class Workload:
             self.acked[event_id] = event
             if event["pubkey"] in self.acked_of:
                 self.acked_of[event["pubkey"]].append(event_id)
+        elif message == WRITER_GONE.message:
+            self.unanswered.append(event)  # a worker that lost the writer: maybe committed, as if unanswered
         else:
             self.refused[message.partition(":")[0]] += 1
         self.answers += 1
@@ -274,6 +283,7 @@ class CrashReport:
 
     kills: int = 0
     startup_kills: int = 0
+    worker_kills: int = 0  # with workers: kills of one worker (the others, of the writer)
     revisions: int = 0
     checks: int = 0
     sent: int = 0
@@ -290,18 +300,69 @@ class CrashReport:
 
     def summary(self) -> str:
         """One line for people: kills survived, events, refusals, failures."""
-        return (f"kills {self.kills} ({self.startup_kills} during start-up), checks {self.checks}, "
+        return (f"kills {self.kills} ({self.startup_kills} during start-up, {self.worker_kills} of a worker), "
+                f"checks {self.checks}, "
                 f"projector revision changes {self.revisions}, "
                 f"sent {self.sent}, acked {self.acked}, served {self.served}, refused {self.refused}, "
                 f"failures {len(self.failures)}, {self.seconds:.1f} s")
 
 
+async def publish_then_kill(url: str, workload: Workload, rng: random.Random, connections: int,
+                            answers_per_kill: int, kill: Callable[[], str | None]) -> str | None:
+    """`connections` clients publish to `url` until a random number (1 to `answers_per_kill`) of OK replies
+    arrived, then `kill()` runs a moment later; once every client stopped (their unanswered events go to the
+    ledger as possibly stored), returns what `kill()` returned (a failure found, or None)."""
+    reached, stop = asyncio.Event(), asyncio.Event()
+    workload.target = (workload.answers + rng.randint(1, answers_per_kill), reached)
+    publishers = [asyncio.create_task(publish(url, workload, stop)) for _ in range(connections)]
+    waiter = asyncio.create_task(reached.wait())
+    await asyncio.wait([waiter, *publishers], return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    await asyncio.sleep(rng.uniform(0.0, 0.005))
+    failure = kill()
+    stop.set()
+    await asyncio.gather(*publishers)
+    workload.crashed()
+    return failure
+
+
+def kill_writer(served: Served) -> str | None:
+    """SIGKILL the relay (with workers: the writer, whose workers must then exit on their own, as nothing
+    they take could be committed); None, or the failure: a process of the relay left running."""
+    served.kill()
+    if not served.new_session:
+        return None
+    deadline = time.monotonic() + START_TIMEOUT
+    while (left := served.group()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)  # leave no stray process behind a failing run
+    return f"processes {left} still running {START_TIMEOUT} s after the writer was killed" if left else None
+
+
+async def worker_restarted(served: Served, victim: int, workers: int, restarts: int) -> str | None:
+    """Wait (bounded) until a worker replaces `victim` and listens: `workers + restarts` worker_started log
+    lines in all; None, or the failure."""
+    def listening() -> bool:
+        started = sum(e.get("event") == "worker_started" for e in served.log_events())
+        return started == workers + restarts and victim not in served.children()
+
+    if await eventually(listening, timeout=START_TIMEOUT, every=0.05):
+        return None
+    return f"worker {victim} was not replaced within {START_TIMEOUT} s:\n{served.stderr[-3000:]}"
+
+
 async def run(workdir: Path, kills: int, seed: int = 1, connections: int = 4, answers_per_kill: int = 300,
-              real: list[dict] | None = None, progress: Callable[[CrashReport], None] | None = None) -> CrashReport:
+              real: list[dict] | None = None, progress: Callable[[CrashReport], None] | None = None,
+              workers: int = 0) -> CrashReport:
     """Kill and restart a relay `kills` times while `connections` clients publish; check after every restart.
 
-    Each publishing cycle is killed after a random number (1 to `answers_per_kill`) of OK replies.  Stops
-    at the first failing check (the database is left in `workdir`).  `progress(report)` runs after each check.
+    Each publishing cycle is killed after a random number (1 to `answers_per_kill`) of OK replies.  With
+    `workers` > 0 (`relay serve --workers N`) the cycles after each start kill a random worker first (the
+    relay restarts it and is checked while it keeps running; clients reconnect), then the writer (the whole
+    relay goes down, and is restarted); start-up kills (of the writer) come only after a first worker kill.
+    Stops at the first failing check (the database is left in `workdir`).  `progress(report)` runs after
+    each check.
     """
     started = time.monotonic()
     config_path, db = workdir / "relay.toml", workdir / "relay.db"
@@ -313,14 +374,17 @@ async def run(workdir: Path, kills: int, seed: int = 1, connections: int = 4, an
             config_path.write_text(config_text(revision), encoding="utf-8")
             config = load_config(config_path, {}, {"store": {"path": str(db)}})
             report.revisions += bool(report.kills)
-        with Served(workdir, "--config", config_path, "--db", db, "--port", 0) as served:
-            if report.kills < kills and rng.random() < STARTUP_KILL_ODDS:
+        with Served(workdir, "--config", config_path, "--db", db, "--port", 0, "--workers", workers,
+                    new_session=workers > 0) as served:
+            if (report.kills < kills and (report.worker_kills or not workers)
+                    and rng.random() < STARTUP_KILL_ODDS):
                 await asyncio.sleep(rng.uniform(0.0, 2.0))  # imports take about 1 s; set-up follows
                 if served.proc.poll() is not None:
                     report.failures = [f"relay exited during start-up with {served.proc.returncode}:\n"
                                        f"{served.stderr[-3000:]}"]
                     break
-                served.kill()
+                failure = kill_writer(served)
+                report.failures = [failure] if failure else []
                 report.kills += 1
                 report.startup_kills += 1
                 continue
@@ -329,24 +393,29 @@ async def run(workdir: Path, kills: int, seed: int = 1, connections: int = 4, an
             except AssertionError as exc:  # it exited or never said it started
                 report.failures = [str(exc)[-3000:]]
                 break
-            report.served, report.failures = await check_relay(url, config, workload)
-            report.checks += 1
-            report.record(workload, started)
-            if progress is not None:
-                progress(report)
-            if report.kills == kills or report.failures:
-                break
-            reached, stop = asyncio.Event(), asyncio.Event()
-            workload.target = (workload.answers + rng.randint(1, answers_per_kill), reached)
-            publishers = [asyncio.create_task(publish(url, workload, stop)) for _ in range(connections)]
-            waiter = asyncio.create_task(reached.wait())
-            await asyncio.wait([waiter, *publishers], return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
-            await asyncio.sleep(rng.uniform(0.0, 0.005))
-            served.kill()
-            report.kills += 1
-            stop.set()
-            await asyncio.gather(*publishers)
-            workload.crashed()
+            restarts = 0  # workers replaced since this start
+            while True:
+                report.served, report.failures = await check_relay(url, config, workload)
+                report.checks += 1
+                report.record(workload, started)
+                if progress is not None:
+                    progress(report)
+                if report.kills == kills or report.failures:
+                    break
+                report.kills += 1
+                victim = rng.choice(served.children()) if workers and not restarts else None
+                failure = await publish_then_kill(
+                    url, workload, rng, connections, answers_per_kill,
+                    lambda: kill_writer(served) if victim is None else os.kill(victim, signal.SIGKILL))
+                if victim is None:
+                    report.failures = [failure] if failure else []
+                    break
+                report.worker_kills += 1
+                restarts += 1
+                if failure := await worker_restarted(served, victim, workers, restarts):
+                    report.failures = [failure]
+                    break
+            if served.proc.poll() is None:
+                break  # the last check ran (and passed or failed) with the relay up: no restart follows
     report.record(workload, started)
     return report
