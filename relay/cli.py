@@ -29,11 +29,20 @@ CONFIG_ENV = "RELAY_CONFIG"
 """The environment variable naming the configuration file when `--config` is not given (a container's)."""
 
 
-def _parser() -> argparse.ArgumentParser:
+def _common(defaults: bool) -> argparse.ArgumentParser:
+    """`--config` and `--db`; without `defaults` (an action's parser under `record` or `projectors`) an option
+    left out there keeps what the group's parser read (`relay record --db X put ...`), as argparse would
+    otherwise overwrite it with the default."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", type=Path, default=os.environ.get(CONFIG_ENV) or None,
+    unset = {} if defaults else {"default": argparse.SUPPRESS}
+    common.add_argument("--config", type=Path, **({"default": os.environ.get(CONFIG_ENV) or None} | unset),
                         help=f"TOML configuration file (default: ${CONFIG_ENV} if set, else built-in defaults)")
-    common.add_argument("--db", help="SQLite database file (default: data/relay.db)")
+    common.add_argument("--db", **unset, help="SQLite database file (default: data/relay.db)")
+    return common
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = _common(defaults=True)
     parser = argparse.ArgumentParser(prog="relay", description="A Nostr relay on SQLite.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", parents=[common], help="run the relay")
@@ -80,7 +89,8 @@ def _record_parsers(commands, common: argparse.ArgumentParser) -> None:
     record = commands.add_parser("record", parents=[common], help="write, delete or read a row of a declared "
                                  "projector (a row is signed into an event)")
     actions = record.add_subparsers(dest="action", required=True)
-    put = actions.add_parser("put", parents=[common], help="sign the row into an event and store it")
+    inner = _common(defaults=False)
+    put = actions.add_parser("put", parents=[inner], help="sign the row into an event and store it")
     put.add_argument("table", help="a declared projector's table, e.g. profiles")
     put.add_argument("--row", type=_json_row, required=True, help="the row as a JSON object (a list of them for a "
                      "table with one row per tag, e.g. follows: the whole set)")
@@ -88,12 +98,12 @@ def _record_parsers(commands, common: argparse.ArgumentParser) -> None:
     put.add_argument("--created-at", type=_unix_seconds, help="the event's created_at (default: reserved per coordinate)")
     put.add_argument("--no-wait", dest="wait", action="store_false",
                      help="exit 3 (rate-limited) instead of waiting when writes to one row come too fast")
-    delete = actions.add_parser("delete", parents=[common], help="delete the row's event (NIP-09)")
+    delete = actions.add_parser("delete", parents=[inner], help="delete the row's event (NIP-09)")
     delete.add_argument("table", help="a declared projector's table")
     delete.add_argument("--pk", type=_json_object, required=True, help="the event's key columns as a JSON object")
     delete.add_argument("--key", type=Path, help="sign with the secret key in this file (default: the node key)")
     delete.add_argument("--reason", default="", help="the deletion's content")
-    get = actions.add_parser("get", parents=[common], help="print the row whose key is --pk as JSON")
+    get = actions.add_parser("get", parents=[inner], help="print the row whose key is --pk as JSON")
     get.add_argument("table", help="a declared projector's table")
     get.add_argument("--pk", type=_json_object, required=True, help="the key columns as a JSON object")
 
@@ -160,10 +170,11 @@ def _projector_parsers(commands, common: argparse.ArgumentParser) -> None:
                         help="recompute every projected table and negentropy index from the events; exit 1 on any difference")
     proj = commands.add_parser("projectors", parents=[common], help="projected tables: list, rebuild, refusals")
     actions = proj.add_subparsers(dest="action", required=True)
-    actions.add_parser("list", parents=[common], help="projectors with kind, revision, state, rows, refusals")
-    rebuild = actions.add_parser("rebuild", parents=[common], help="recompute one projector's tables now")
+    inner = _common(defaults=False)
+    actions.add_parser("list", parents=[inner], help="projectors with kind, revision, state, rows, refusals")
+    rebuild = actions.add_parser("rebuild", parents=[inner], help="recompute one projector's tables now")
     rebuild.add_argument("name", help="the projector (table) name")
-    refusals = actions.add_parser("refusals", parents=[common], help="events stored but not projected, newest first")
+    refusals = actions.add_parser("refusals", parents=[inner], help="events stored but not projected, newest first")
     refusals.add_argument("--projector", help="only this projector's refusals")
     refusals.add_argument("--limit", type=_row_limit, default=100, help="rows to show (default 100)")
     refusals.add_argument("--json", action="store_true", help="one JSON object per line")

@@ -589,3 +589,18 @@ def test_serve_with_peers_and_an_unreadable_node_key_exits_2_naming_it(tmp_path)
     assert "Traceback" not in result.stderr
     # checked before anything opens or listens (it was logged after relay_started)
     assert "relay_started" not in result.stderr and not (tmp_path / "k.db").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["record", "--db", "GROUP.db", "--config", "GROUP.toml", "get", "profiles", "--pk", "{}"],
+    ["record", "--db", "GROUP.db", "--config", "GROUP.toml", "put", "profiles", "--row", "{}"],
+    ["projectors", "--db", "GROUP.db", "--config", "GROUP.toml", "list"],
+])
+def test_options_given_before_a_group_action_are_kept(argv):
+    """`relay record --db X put ...` once wrote to data/relay.db: the action's parser reset --db and --config."""
+    from relay.cli import _parser
+
+    args = _parser().parse_args(argv)
+    assert (args.db, str(args.config)) == ("GROUP.db", "GROUP.toml")
+    after = _parser().parse_args([*argv[:1], *argv[5:], "--db", "ACTION.db"])
+    assert after.db == "ACTION.db"

@@ -125,7 +125,7 @@ def test_status_shows_each_process_of_a_running_relay(status_config, capsys):
         assert lines[first].startswith(f"processes: writer pid {os.getpid()}, started ")
         assert lines[first].endswith("; 2 workers")
         assert lines[first + 1].startswith("  worker 0: pid 4242, started ")
-        assert lines[first + 2].endswith("restarted 2 times")
+        assert lines[first + 2].endswith("restarts 2")
 
         gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                               text=True, check=True)

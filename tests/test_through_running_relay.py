@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 
+from relay.commands.transfer import CHUNK_LINES
 from tests.helpers import Client, Keys, eventually
-from tests.served import Served, clean_env, relay_cli_async
+from tests.served import Served, clean_env, relay_cli, relay_cli_async
 from tests.server.test_workers import _close_all, _serve, _start, _subscribed_on_every_worker, _until
 from tests.server.test_workers_shared import _metrics
 
@@ -74,3 +76,51 @@ async def test_relay_record_put_goes_through_the_running_writer_to_every_worker(
             assert code == 0 and json.loads(out)["_event_id"] == newest["id"], err
         finally:
             await _close_all(clients.values())
+
+
+async def test_an_import_whose_relay_dies_on_the_way_exits_1_saying_so(tmp_path):
+    """The writer of the relay an import goes through is SIGKILLed mid-import: the lines after it are answered
+    "error:", and the import exits 1 saying they may or may not be stored (it once exited 0, calling them
+    rejected)."""
+    keys = Keys(92)
+    db = tmp_path / "relay.db"
+    with Served(tmp_path, "--db", db, "--port", "0", "--workers", "0", env=clean_env()) as served:
+        port = await asyncio.to_thread(_start, served)
+        client = await Client.connect(f"ws://127.0.0.1:{port}")
+        assert await client.req("live", {"authors": [keys.pubkey]}) == []
+        importer = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "relay", "import", "-", "--db", str(db), stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=clean_env())
+        try:
+            chunk = [keys.sign(1, f"before the relay died {i}") for i in range(CHUNK_LINES)]  # one chunk goes now
+            importer.stdin.write(b"".join(json.dumps(e).encode() + b"\n" for e in chunk))
+            await importer.stdin.drain()
+            assert len(await _until(client, "live", chunk[-1]["id"])) == CHUNK_LINES  # through the relay
+            served.proc.kill()
+            await asyncio.to_thread(served.proc.wait, 10)
+            importer.stdin.write(json.dumps(keys.sign(1, "after")).encode() + b"\n")
+            importer.stdin.close()
+            out, err = await asyncio.wait_for(importer.communicate(), 30)
+        finally:
+            await client.close()
+            if importer.returncode is None:
+                importer.kill()
+                await importer.wait()
+    assert importer.returncode == 1, (out, err)
+    assert b"stopped during the import" in err
+
+
+def test_a_command_refuses_to_write_beside_a_relay_whose_channel_is_gone(tmp_path):
+    """A relay holds the database's lock but its channel socket was removed (a temporary-directory cleaner):
+    `relay import` refuses (exit 2, naming the socket) instead of writing beside the relay's writer."""
+    from relay.channel.frames import socket_path
+
+    db = tmp_path / "relay.db"
+    lines = tmp_path / "events.jsonl"
+    lines.write_text(json.dumps(Keys(93).sign(1, "beside")) + "\n")
+    with Served(tmp_path, "--db", db, "--port", "0", "--workers", "0", env=clean_env()) as served:
+        _start(served)
+        socket_path(db).unlink()
+        proc = relay_cli("import", lines, "--db", db)
+    assert proc.returncode == 2, proc
+    assert "channel" in proc.stderr and "cannot be reached" in proc.stderr

@@ -75,6 +75,11 @@ class WriterChannel:
         """Tell the writer that worker `index` listens (from now on it is sent commits and ephemeral events)."""
         self._send({"type": "hello", "worker": index})
 
+    @property
+    def closed(self) -> bool:
+        """Whether the channel has closed (the writer is gone, or `close()` was called)."""
+        return self._closed
+
     def reached_within(self, seconds: float) -> bool:
         """Whether a frame came from the writer within the last `seconds` (the /health answer)."""
         return not self._closed and time.monotonic() - self.last_frame < seconds

@@ -38,7 +38,7 @@ def _processes(processes: dict | None, now: float) -> list[str]:
              f"{len(processes['workers'])} workers"]
     for w in processes["workers"]:
         lines.append(f"  worker {w['index']}: pid {w['pid']}, started {_when(w['started'], now)}, "
-                     f"restarted {w['restarts']} times")
+                     f"restarts {w['restarts']}")
     return lines
 
 

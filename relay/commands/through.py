@@ -9,7 +9,10 @@ signatures on its pool, NIP-70) and then to the writer (`WriterChannel.submit`),
 which runs the `[[policies]]`, commits, and fans them out to its live
 subscribers (and peers); store jobs (bans, sync leases) run on the writer
 (`Store.forward_job`).  With no relay running (no socket, or nobody
-listening), the command opens the store for writing itself, as before.
+listening), the command opens the store for writing itself, as before; but
+while a relay holds the database's lock and its socket cannot be reached
+(removed by a cleaner of the temporary directory, say), the command refuses
+rather than write beside the relay's writer and its `[[policies]]`.
 A relay of one process (`server.workers` = 0) listens on the channel too.
 """
 
@@ -23,7 +26,9 @@ from relay.channel.worker import WriterChannel
 from relay.config import Config
 from relay.hooks import hooks
 from relay.ingest import Ingest
+from relay.locks import is_served
 from relay.node import open_store
+from relay.store.location import DatabaseUnusable
 from relay.store.store import Store
 
 
@@ -34,6 +39,9 @@ class WritePath:
     store: Store
     channel: WriterChannel | None = None
     _reading: asyncio.Task | None = None
+    # Set by close(): the running relay's writer went away while this command wrote through it (its events
+    # since then were answered "error:" and may or may not be stored).
+    writer_lost: bool = False
 
     def wire(self, ingest: Ingest) -> Ingest:
         """`ingest` (built on `store`), its last stage sent to the running relay's writer if there is one."""
@@ -45,6 +53,7 @@ class WritePath:
         """Close the store (its writer drains first), then the channel."""
         await self.store.close()
         if self.channel is not None:
+            self.writer_lost = self.channel.closed
             self.channel.close()
             await self._reading
 
@@ -53,13 +62,16 @@ async def open_write_path(config: Config, read_connections: int) -> WritePath:
     """The running relay's writer when it serves the database of `config`, else the store opened for writing.
 
     Raises:
-        DatabaseUnusable: the database cannot be opened.
+        DatabaseUnusable: the database cannot be opened, or a relay serves it and its channel cannot be reached.
     """
-    channel = WriterChannel(socket_path(config.store.path), config.store.writer_queue_size, _nothing, _nothing,
-                            _nothing)
+    socket = socket_path(config.store.path)
+    channel = WriterChannel(socket, config.store.writer_queue_size, _nothing, _nothing, _nothing)
     try:
         await channel.connect()
-    except OSError:  # no relay serves it (a socket file of one that died refuses connections)
+    except OSError as exc:  # no relay serves it (a socket file of one that died refuses connections)
+        if is_served(config.store.path):
+            raise DatabaseUnusable(config.store.path, f"a relay serves it, but its writer's channel {socket} cannot "
+                                   f"be reached ({exc.strerror or exc}); restart that relay") from None
         return WritePath(await open_store(config, read_connections))
     store = await Store.open_reader(config.store.path, config.store.options(read_connections,
                                                                             config.server.public_url),

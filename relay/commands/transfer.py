@@ -227,6 +227,11 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None) ->
     if interrupted:
         print(f"relay import: interrupted; the summary counts the {report.total} lines done", file=sys.stderr)
         return EXIT_INTERRUPTED
+    if path.writer_lost:
+        print("relay import: the relay serving the database stopped during the import; the lines rejected "
+              "\"error: the relay cannot store events now\" may or may not be stored: import the file again",
+              file=sys.stderr)
+        return 1
     return 0
 
 
