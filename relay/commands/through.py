@@ -11,8 +11,9 @@ subscribers (and peers); store jobs (bans, sync leases) run on the writer
 (`Store.forward_job`).  With no relay running (no socket, or nobody
 listening), the command opens the store for writing itself, as before; but
 while a relay holds the database's lock and its socket cannot be reached
-(removed by a cleaner of the temporary directory, say), the command refuses
-rather than write beside the relay's writer and its `[[policies]]`.
+(it is starting, or a cleaner of the temporary directory removed it), the
+command waits up to CHANNEL_WAIT_SECONDS for it, then refuses rather than
+write beside the relay's writer and its `[[policies]]`.
 A relay of one process (`server.workers` = 0) listens on the channel too.
 """
 
@@ -30,6 +31,10 @@ from relay.locks import is_served
 from relay.node import open_store
 from relay.store.location import DatabaseUnusable
 from relay.store.store import Store
+
+
+CHANNEL_WAIT_SECONDS = 5.0  # how long a command waits for the channel of a relay that holds the lock (starting)
+_CHANNEL_RETRY_SECONDS = 0.25
 
 
 @dataclass
@@ -66,13 +71,20 @@ async def open_write_path(config: Config, read_connections: int) -> WritePath:
     """
     socket = socket_path(config.store.path)
     channel = WriterChannel(socket, config.store.writer_queue_size, _nothing, _nothing, _nothing)
-    try:
-        await channel.connect()
-    except OSError as exc:  # no relay serves it (a socket file of one that died refuses connections)
-        if is_served(config.store.path):
-            raise DatabaseUnusable(config.store.path, f"a relay serves it, but its writer's channel {socket} cannot "
-                                   f"be reached ({exc.strerror or exc}); restart that relay") from None
-        return WritePath(await open_store(config, read_connections))
+    waited = 0.0
+    while True:
+        try:
+            await channel.connect()
+            break
+        except OSError as exc:  # no relay serves it (a socket file of one that died refuses connections)
+            if not is_served(config.store.path):
+                return WritePath(await open_store(config, read_connections))
+            if waited >= CHANNEL_WAIT_SECONDS:  # a relay holds the lock: starting, or its socket was removed
+                raise DatabaseUnusable(config.store.path, f"a relay serves it, but its writer's channel {socket} "
+                                       f"cannot be reached ({exc.strerror or exc}) after {waited:.0f} s; if it is "
+                                       f"starting, try again, else restart it") from None
+            await asyncio.sleep(_CHANNEL_RETRY_SECONDS)
+            waited += _CHANNEL_RETRY_SECONDS
     store = await Store.open_reader(config.store.path, config.store.options(read_connections,
                                                                             config.server.public_url),
                                     hooks(config))  # (sync reads the NIP-77 index)
