@@ -20,8 +20,6 @@ import orjson
 from relay.commands.record_get import run_get
 from relay.commands.through import open_write_path
 from relay.config import Config
-from relay.ingest import Ingest
-from relay.ingest.moderation import Moderation
 from relay.ingest.records import RecordApi, Written
 from relay.keys import NodeKeyError, load_or_create
 from relay.protocol.rejection import Rejection
@@ -41,7 +39,7 @@ async def open_records(config: Config) -> AsyncIterator[RecordApi]:
     """
     path = await open_write_path(config, read_connections=1)
     store = path.store
-    ingest = path.wire(Ingest.from_config(config, store, moderation=await Moderation.open(store, config)))  # bans
+    ingest = await path.ingest(config)  # bans
     try:
         yield RecordApi.from_config(config, store, ingest)
     finally:

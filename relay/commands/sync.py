@@ -11,8 +11,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from relay.commands.interrupt import EXIT_INTERRUPTED, interruptible
 from relay.commands.through import open_write_path
 from relay.config import MIN_FRAME_SIZE_LIMIT, Config
-from relay.ingest import Ingest
-from relay.ingest.moderation import Moderation
 from relay.keys import NodeKeyError
 from relay.protocol.envelopes import loads
 from relay.protocol.filters import parse_filter
@@ -60,7 +58,7 @@ async def sync_once(config: Config, url: str, filter_obj: dict, options: SyncOpt
     path = await open_write_path(config, read_connections=2)  # through the running relay if one serves it
     store = path.store
     states = await PeerStates.open(config.store.path)
-    ingest = path.wire(Ingest.from_config(config, store, moderation=await Moderation.open(store, config)))  # bans
+    ingest = await path.ingest(config)  # bans
     report = SyncReport() if report is None else report
     try:
         async with states.hold(url, new_owner(), config.sync.lease_seconds):

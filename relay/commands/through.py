@@ -27,6 +27,7 @@ from relay.channel.worker import WriterChannel
 from relay.config import Config
 from relay.hooks import hooks
 from relay.ingest import Ingest
+from relay.ingest.moderation import Moderation
 from relay.locks import is_served
 from relay.node import open_store
 from relay.store.location import DatabaseUnusable
@@ -48,8 +49,10 @@ class WritePath:
     # since then were answered "error:" and may or may not be stored).
     writer_lost: bool = False
 
-    def wire(self, ingest: Ingest) -> Ingest:
-        """`ingest` (built on `store`), its last stage sent to the running relay's writer if there is one."""
+    async def ingest(self, config: Config) -> Ingest:
+        """The command's `Ingest` on `store` with the bans of config and database, its last stage sent to the
+        running relay's writer if there is one."""
+        ingest = Ingest.from_config(config, self.store, moderation=await Moderation.open(self.store, config))
         if self.channel is not None:
             ingest.sink, ingest.wait_for_room = self.channel.submit, self.channel.wait_for_room
         return ingest

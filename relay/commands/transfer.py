@@ -28,7 +28,6 @@ from relay.commands.linereader import LineReader
 from relay.commands.through import open_write_path
 from relay.config import Config
 from relay.ingest import IMPORT, Ingest, Outcome
-from relay.ingest.moderation import Moderation
 from relay.ingest.outcome import EPHEMERAL, NEWER_VERSION
 from relay.protocol.envelopes import loads
 from relay.protocol.event import Event, event_ref
@@ -205,7 +204,7 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None) ->
         return 2
     path = await open_write_path(config, read_connections=1)  # through the running relay if one serves it
     store = path.store
-    ingest = path.wire(Ingest.from_config(config, store, moderation=await Moderation.open(store, config)))  # bans
+    ingest = await path.ingest(config)  # bans
     report = ImportReport()
     reader = LineReader(source.fileno(), config.limits.max_message_bytes)
     try:
