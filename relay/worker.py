@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import os
 import pickle
 import signal
 import socket
@@ -162,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     unmap_large_blocks_when_freed()
     config: Config = pickle.loads(Path(config_path).read_bytes())
     configure_logging(config.log.level, config.log.format)
+    os.nice(config.server.worker_nice)
     return uvloop.run(serve_worker(config, int(index), int(port), int(count)))
 
 

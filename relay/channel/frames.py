@@ -3,15 +3,19 @@
 | type        | direction        | fields                                                               |
 |-------------|------------------|----------------------------------------------------------------------|
 | `hello`     | worker -> writer | `worker` (index): sent once the worker listens                       |
-| `submit`    | worker -> writer | `id` (request), `event` (canonical JSON text, verified), `source`    |
-| `outcome`   | writer -> worker | `id`, `accepted`, `prefix`, `reason`, `settles` (after the COMMIT)   |
+| `submit`    | worker -> writer | `items`: [request id, event (canonical JSON, verified), source] each |
+| `outcomes`  | writer -> worker | `items`: `encode_outcome` of each submit answered (after its COMMIT) |
 | `commit`    | writer -> all    | a write transaction committed: read the change feed                  |
-| `ephemeral` | writer -> all    | `event`: an ephemeral event to fan out, never stored                 |
+| `ephemeral` | writer -> all    | `event` (canonical JSON): an ephemeral event to fan out, never stored|
 | `heartbeat` | writer -> all    | every `HEARTBEAT_SECONDS`: the writer is alive                       |
 | `job`       | worker -> writer | `id`, `job`: a store job and its arguments (pickled, base64)         |
 | `job_done`  | writer -> worker | `id`, `result` (pickled, base64) or `error` (text)                   |
 | `moderation`| writer -> all    | `id`: a job changed the moderation lists: read them again            |
 | `moderation_loaded` | worker -> writer | `id`: read again; the job is answered once every worker has  |
+
+Submits and outcomes of one event-loop iteration travel as one frame
+(`ItemFrames`): a burst of events costs the other end one frame to read and
+one JSON document to parse, not one per event.
 
 A `job` is what `Store.run_job` runs (NIP-86 management in a worker: bans,
 allow lists, roles); it is pickled, which only the relay's own processes
@@ -28,6 +32,8 @@ import asyncio
 import base64
 import os
 import pickle
+from functools import lru_cache
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -126,19 +132,48 @@ def encode_source(source: Source) -> dict:
 
 def decode_source(obj: dict) -> Source:
     """The `Source` a worker encoded with `encode_source`."""
-    return Source(obj["name"], origin=obj["origin"], fans_out_ephemeral=obj["fans_out_ephemeral"], ip=obj["ip"],
-                  pubkeys=frozenset(obj["pubkeys"]))
+    return _source(obj["name"], obj["origin"], obj["ip"], tuple(obj["pubkeys"]), obj["fans_out_ephemeral"])
 
 
-def encode_outcome(request: int, outcome: Outcome) -> dict:
-    """The `outcome` frame answering submit `request`."""
-    return {"type": "outcome", "id": request, "accepted": outcome.accepted, "prefix": outcome.prefix,
-            "reason": outcome.reason, "settles": outcome.settles}
+@lru_cache(maxsize=4096)
+def _source(name: str, origin: str, ip: str, pubkeys: tuple[str, ...], fans_out_ephemeral: bool) -> Source:
+    # One per client IP and identity, not one per event: a burst of submits shares a handful of them.
+    return Source(name, origin=origin, fans_out_ephemeral=fans_out_ephemeral, ip=ip, pubkeys=frozenset(pubkeys))
 
 
-def decode_outcome(frame: dict) -> Outcome:
-    """The `Outcome` an `outcome` frame carries."""
-    return Outcome(frame["accepted"], frame["prefix"], frame["reason"], frame["settles"])
+def encode_outcome(request: int, outcome: Outcome) -> list:
+    """The item of an `outcomes` frame answering submit `request`: [request, accepted, prefix, reason, settles]."""
+    return [request, outcome.accepted, outcome.prefix, outcome.reason, outcome.settles]
+
+
+def decode_outcome(item: list) -> tuple[int, Outcome]:
+    """(request, `Outcome`) of an item made by `encode_outcome`."""
+    request, accepted, prefix, reason, settles = item
+    return request, Outcome(accepted, prefix, reason, settles)
+
+
+class ItemFrames:
+    """Items of one frame type gathered over an event-loop iteration and sent as one frame,
+    `{"type": type, "items": [...]}`, through `send(encoded)`; `flush()` sends what is gathered now."""
+
+    __slots__ = ("type", "_send", "_items")
+
+    def __init__(self, frame_type: str, send: Callable[[bytes], None]) -> None:
+        self.type = frame_type
+        self._send = send
+        self._items: list = []
+
+    def add(self, item: object) -> None:
+        """Gather `item` for this iteration's frame."""
+        if not self._items:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self._items.append(item)
+
+    def flush(self) -> None:
+        """Send the items gathered, if any, as one frame."""
+        if self._items:
+            items, self._items = self._items, []
+            self._send(encode({"type": self.type, "items": items}))
 
 
 def pack(value: object) -> str:

@@ -1,8 +1,8 @@
 """A worker process's side of the local channel: submits to the writer, outcomes back, commits and heartbeats.
 
 How this works: `WriterChannel.submit` is a worker's ingest sink (after the
-signature check and NIP-70): it writes a `submit` frame and keeps `done`
-under a request id until the `outcome` frame comes back.  At most
+signature check and NIP-70): it adds the event to this iteration's `submit` frame and keeps
+`done` under a request id until its outcome comes back (an `outcomes` frame).  At most
 `max_in_flight` submits wait for outcomes; past that `wait_for_room` blocks,
 which is where a connection waits before it reads its next EVENT, so a
 writer that is behind stops this worker's clients, as its full queue does in
@@ -23,11 +23,12 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import orjson
 import structlog
 
 from relay.channel import frames
 from relay.ingest import Outcome, Source
-from relay.protocol.event import Event, trusted_event
+from relay.protocol.event import Event, trusted_event_object
 from relay.store.store import StoreFailed
 
 log = structlog.get_logger(__name__)
@@ -54,6 +55,7 @@ class WriterChannel:
         self.last_frame = 0.0  # time.monotonic() of the last frame from the writer
         self._reader: asyncio.StreamReader | None = None
         self._out: frames.FrameWriter | None = None
+        self._submits: frames.ItemFrames | None = None
         self._ids = itertools.count(1)
         self._waiting: dict[int, Callable[[Outcome], None]] = {}
         self._room = asyncio.Event()
@@ -69,6 +71,7 @@ class WriterChannel:
         """
         self._reader, writer = await asyncio.open_unix_connection(self.path, limit=frames.MAX_FRAME_BYTES)
         self._out = frames.FrameWriter(writer)
+        self._submits = frames.ItemFrames("submit", self._out.send_encoded)
         self.last_frame = time.monotonic()
 
     def hello(self, index: int) -> None:
@@ -93,8 +96,7 @@ class WriterChannel:
         self._waiting[request] = done
         if len(self._waiting) >= self.max_in_flight:
             self._room.clear()
-        self._send({"type": "submit", "id": request, "event": event.raw.decode(),
-                    "source": frames.encode_source(source)})
+        self._submits.add([request, orjson.Fragment(event.raw), frames.encode_source(source)])
 
     async def wait_for_room(self) -> None:
         """Wait while `max_in_flight` submits wait for their outcomes (back-pressure, as `Store.wait_for_room`)."""
@@ -139,12 +141,13 @@ class WriterChannel:
 
     def _handle(self, frame: dict) -> None:
         kind = frame.get("type")
-        if kind == "outcome":
-            done = self._waiting.pop(frame["id"], None)
+        if kind == "outcomes":
+            for item in frame["items"]:
+                request, outcome = frames.decode_outcome(item)
+                if (done := self._waiting.pop(request, None)) is not None:
+                    done(outcome)
             if len(self._waiting) < self.max_in_flight:
                 self._room.set()
-            if done is not None:
-                done(frames.decode_outcome(frame))
         elif kind == "commit":
             self.on_commit(frame.get("head"))
         elif kind == "heartbeat":
@@ -160,7 +163,7 @@ class WriterChannel:
         elif kind == "moderation":
             self._spawn_reload(frame["id"])
         elif kind == "ephemeral":
-            self.on_ephemeral(trusted_event(frame["event"].encode()))
+            self.on_ephemeral(trusted_event_object(frame["event"]))
 
     def _spawn_reload(self, request: int) -> None:
         task = asyncio.ensure_future(self._reload(request))
@@ -173,4 +176,5 @@ class WriterChannel:
         self._send({"type": "moderation_loaded", "id": request})
 
     def _send(self, frame: dict) -> None:
+        self._submits.flush()  # frames leave in the order they were made
         self._out.send(frame)

@@ -6,9 +6,9 @@ reads one frame at a time; before it reads the next, it waits while the
 store's writer queue is full (`Store.wait_for_room`), so a full writer stops
 this worker's connections from reading, not a buffer growing here.  A
 `submit` becomes an `Event` again without a second signature check (the
-worker verified it: `trusted_event`) and goes through ingest's writer stage
+worker verified it: `trusted_event_object`) and goes through ingest's writer stage
 (`Ingest.take_verified`: the `[[policies]]`, then the writer queue, or
-live when ephemeral); its `outcome` frame goes back after the COMMIT.
+live when ephemeral); its outcome goes back after the COMMIT (an `outcomes` frame).
 After each write transaction one `commit` frame goes to every worker
 (coalesced: one per loop iteration); ephemeral events go to every worker as
 `ephemeral`; a `heartbeat` every `HEARTBEAT_SECONDS` lets workers tell a
@@ -30,12 +30,13 @@ import os
 from functools import partial
 from pathlib import Path
 
+import orjson
 import structlog
 
 from relay.channel import frames
 from relay.ingest import Ingest, Outcome
 from relay.ingest.outcome import INTERNAL
-from relay.protocol.event import Event, trusted_event
+from relay.protocol.event import Event, trusted_event_object
 from relay.store.writes import Changes
 
 log = structlog.get_logger(__name__)
@@ -94,7 +95,7 @@ class ChannelServer:
 
     def broadcast_ephemeral(self, event: Event) -> None:
         """Ingest's `live`: an ephemeral event taken here goes to every worker's live subscriptions."""
-        self._broadcast({"type": "ephemeral", "event": event.raw.decode()})
+        self._broadcast({"type": "ephemeral", "event": orjson.Fragment(event.raw)})
 
     def _send_commit(self) -> None:
         self._commit_pending = False
@@ -122,13 +123,14 @@ class ChannelServer:
         task = asyncio.current_task()
         self._tasks.add(task)
         out = frames.FrameWriter(writer)
+        outcomes = frames.ItemFrames("outcomes", partial(self._write, out))
         try:
             while True:
                 await self.ingest.store.wait_for_room()  # back-pressure: a full writer stops this worker's submits
                 frame = await frames.read_frame(reader)
                 if frame is None:
                     break
-                self._handle(out, frame)
+                self._handle(out, outcomes, frame)
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
             log.warning("channel_closed", worker=self.workers.get(out), error=repr(exc))
         finally:
@@ -140,18 +142,19 @@ class ChannelServer:
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
 
-    def _handle(self, out: frames.FrameWriter, frame: dict) -> None:
+    def _handle(self, out: frames.FrameWriter, outcomes: frames.ItemFrames, frame: dict) -> None:
         kind = frame.get("type")
         if kind == "submit":
-            done = partial(self._answer, out, frame["id"])
-            try:
-                event = trusted_event(frame["event"].encode())
-                source = frames.decode_source(frame["source"])
-            except (KeyError, TypeError, ValueError) as exc:  # a worker's bug, not a client's input
-                log.error("channel_bad_submit", error=repr(exc))
-                done(INTERNAL)
-                return
-            self.ingest.take_verified(event, source, done)
+            for request, obj, source in frame["items"]:
+                done = partial(_answer, outcomes, request)
+                try:
+                    event = trusted_event_object(obj)
+                    source = frames.decode_source(source)
+                except (KeyError, TypeError, ValueError) as exc:  # a worker's bug, not a client's input
+                    log.error("channel_bad_submit", error=repr(exc))
+                    done(INTERNAL)
+                    continue
+                self.ingest.take_verified(event, source, done)
         elif kind == "job":
             self._spawn(self._run_job(out, frame["id"], frame["job"]))
         elif kind == "moderation_loaded":
@@ -203,5 +206,6 @@ class ChannelServer:
             if not waiting:
                 heard.set()
 
-    def _answer(self, out: frames.FrameWriter, request: int, outcome: Outcome) -> None:
-        self._write(out, frames.encode(frames.encode_outcome(request, outcome)))
+
+def _answer(outcomes: frames.ItemFrames, request: int, outcome: Outcome) -> None:
+    outcomes.add(frames.encode_outcome(request, outcome))

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
+import time
 
+import orjson
 import pytest
 
 from relay.channel import frames
 from relay.ingest import Outcome, Source
+from relay.protocol.event import EventLimits, parse_event, trusted_event_object
 from relay.supervisor import AUTO_MAX_WORKERS, worker_count
+from tests.helpers import REAL_EVENTS, read_jsonl
 
 
 def _reader(data: bytes) -> asyncio.StreamReader:
@@ -51,8 +56,21 @@ def test_sources_and_outcomes_cross_the_channel_unchanged():
     assert (back.name, back.origin, back.ip, back.pubkeys, back.fans_out_ephemeral) == (
         "peer", "wss://peer.example", "192.0.2.1", frozenset({"a" * 64}), True)
     outcome = Outcome(False, "blocked", "no", settles=True)
-    frame = frames.encode_outcome(7, outcome)
-    assert frame["id"] == 7 and frames.decode_outcome(frame) == outcome and frames.decode_outcome(frame).settles
+    request, back = frames.decode_outcome(orjson.loads(orjson.dumps(frames.encode_outcome(7, outcome))))
+    assert request == 7 and back == outcome and back.settles
+
+
+async def test_items_of_one_loop_iteration_leave_as_one_frame():
+    """Items added in one event-loop iteration are sent as one frame, in order; the next iteration's in another."""
+    sent: list[bytes] = []
+    batch = frames.ItemFrames("submit", sent.append)
+    for i in range(3):
+        batch.add([i])
+    await asyncio.sleep(0)
+    batch.add([3])
+    batch.flush()
+    assert [orjson.loads(s[4:]) for s in sent] == [{"type": "submit", "items": [[0], [1], [2]]},
+                                                   {"type": "submit", "items": [[3]]}]
 
 
 def test_auto_workers_are_the_usable_cpus_at_most_eight():
@@ -72,3 +90,13 @@ def test_a_cgroup_quota_is_counted_in_cpus_rounded_up(tmp_path, monkeypatch, cpu
     assert supervisor._cgroup_cpus() == cpus
     if cpus is not None:
         assert worker_count("auto") <= cpus
+
+
+def test_a_submit_frame_carries_every_real_event_byte_for_byte():
+    """An event embedded in a frame (`orjson.Fragment` of its canonical JSON) is decoded with the frame and
+    serialized back to the very bytes the worker verified, for every real event (unicode, escapes, big tags)."""
+    limits = EventLimits(max_created_at_future_seconds=10**10, max_tags=10**6, max_content_bytes=10**8)
+    for line in read_jsonl(REAL_EVENTS):
+        event = parse_event(line, limits, time.time())
+        frame = orjson.loads(frames.encode({"type": "submit", "event": orjson.Fragment(event.raw)})[4:])
+        assert dataclasses.astuple(trusted_event_object(frame["event"])) == dataclasses.astuple(event)

@@ -113,8 +113,8 @@ class SearchIndex:
             cur.executemany(DELETE_SQL, [(r.seq, *document_of_raw(r.raw)) for r in gone if r.seq in present])
         new = [e for e in inserted if e.kind in self.kinds]
         if new:
-            cur.executemany(f"INSERT INTO {TABLE} (rowid, text, domain) SELECT seq, ?, ? FROM events WHERE id = ?",
-                            [(*document(e.kind, e.content, e.tags), bytes.fromhex(e.id)) for e in new])
+            seqs = {e.id: seq for e, seq in zip(changes.inserted, changes.seqs) if e.kind in self.kinds}
+            cur.executemany(INSERT_SQL, [(seqs[e.id], *document(e.kind, e.content, e.tags)) for e in new])
 
 
 def table_exists(conn: sqlite3.Connection | sqlite3.Cursor) -> bool:
