@@ -3,10 +3,10 @@
 | type        | direction        | fields                                                               |
 |-------------|------------------|----------------------------------------------------------------------|
 | `hello`     | worker -> writer | `worker` (index): sent once the worker listens                       |
-| `submit`    | worker -> writer | `items`: [request id, event (canonical JSON, verified), source] each |
+| `submit`    | worker -> writer | `items`: `encode_submit` of each event (verified)                    |
 | `outcomes`  | writer -> worker | `items`: `encode_outcome` of each submit answered (after its COMMIT) |
 | `commit`    | writer -> all    | a write transaction committed: read the change feed                  |
-| `ephemeral` | writer -> all    | `event` (canonical JSON): an ephemeral event to fan out, never stored|
+| `ephemeral` | writer -> all    | `event` (canonical JSON), `d`, `expiration`: fan out, never stored   |
 | `heartbeat` | writer -> all    | every `HEARTBEAT_SECONDS`: the writer is alive                       |
 | `job`       | worker -> writer | `id`, `job`: a store job and its arguments (pickled, base64)         |
 | `job_done`  | writer -> worker | `id`, `result` (pickled, base64) or `error` (text)                   |
@@ -39,6 +39,7 @@ from pathlib import Path
 import orjson
 
 from relay.ingest import Outcome, Source
+from relay.protocol.event import Event, trusted_event_object
 from relay.runtime import runtime_dir
 
 HEARTBEAT_SECONDS = 0.25
@@ -124,15 +125,23 @@ async def read_frame(reader: asyncio.StreamReader) -> dict | None:
     return frame
 
 
-def encode_source(source: Source) -> dict:
-    """What the writer's stage needs of `source` (its callables ran in the worker)."""
-    return {"name": source.name, "origin": source.origin, "ip": source.ip, "pubkeys": sorted(source.pubkeys),
-            "fans_out_ephemeral": source.fans_out_ephemeral}
+def encode_submit(request: int, event: Event, source: Source) -> list:
+    """The item of a `submit` frame: [request, event (its canonical JSON), d tag, expiration, source], where the
+    source is what the writer's stage needs of it (its callables ran in the worker): [name, origin, ip,
+    pubkeys, fans_out_ephemeral]."""
+    return [request, orjson.Fragment(event.raw), event.d_tag, event.expiration,
+            [source.name, source.origin, source.ip, sorted(source.pubkeys), source.fans_out_ephemeral]]
 
 
-def decode_source(obj: dict) -> Source:
-    """The `Source` a worker encoded with `encode_source`."""
-    return _source(obj["name"], obj["origin"], obj["ip"], tuple(obj["pubkeys"]), obj["fans_out_ephemeral"])
+def decode_submit(item: list) -> tuple[int, Event, Source]:
+    """(request, event, source) of an item made by `encode_submit`.
+
+    Raises:
+        ValueError, TypeError, KeyError: not such an item.
+    """
+    request, obj, d_tag, expiration, (name, origin, ip, pubkeys, fans_out_ephemeral) = item
+    return (request, trusted_event_object(obj, d_tag, expiration),
+            _source(name, origin, ip, tuple(pubkeys), fans_out_ephemeral))
 
 
 @lru_cache(maxsize=4096)

@@ -23,7 +23,6 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import orjson
 import structlog
 
 from relay.channel import frames
@@ -96,7 +95,7 @@ class WriterChannel:
         self._waiting[request] = done
         if len(self._waiting) >= self.max_in_flight:
             self._room.clear()
-        self._submits.add([request, orjson.Fragment(event.raw), frames.encode_source(source)])
+        self._submits.add(frames.encode_submit(request, event, source))
 
     async def wait_for_room(self) -> None:
         """Wait while `max_in_flight` submits wait for their outcomes (back-pressure, as `Store.wait_for_room`)."""
@@ -163,7 +162,7 @@ class WriterChannel:
         elif kind == "moderation":
             self._spawn_reload(frame["id"])
         elif kind == "ephemeral":
-            self.on_ephemeral(trusted_event_object(frame["event"]))
+            self.on_ephemeral(trusted_event_object(frame["event"], frame["d"], frame["expiration"]))
 
     def _spawn_reload(self, request: int) -> None:
         task = asyncio.ensure_future(self._reload(request))

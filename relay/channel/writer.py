@@ -6,7 +6,7 @@ reads one frame at a time; before it reads the next, it waits while the
 store's writer queue is full (`Store.wait_for_room`), so a full writer stops
 this worker's connections from reading, not a buffer growing here.  A
 `submit` becomes an `Event` again without a second signature check (the
-worker verified it: `trusted_event_object`) and goes through ingest's writer stage
+worker verified it: `frames.decode_submit`) and goes through ingest's writer stage
 (`Ingest.take_verified`: the `[[policies]]`, then the writer queue, or
 live when ephemeral); its outcome goes back after the COMMIT (an `outcomes` frame).
 After each write transaction one `commit` frame goes to every worker
@@ -36,7 +36,7 @@ import structlog
 from relay.channel import frames
 from relay.ingest import Ingest, Outcome
 from relay.ingest.outcome import INTERNAL
-from relay.protocol.event import Event, trusted_event_object
+from relay.protocol.event import Event
 from relay.store.writes import Changes
 
 log = structlog.get_logger(__name__)
@@ -95,7 +95,8 @@ class ChannelServer:
 
     def broadcast_ephemeral(self, event: Event) -> None:
         """Ingest's `live`: an ephemeral event taken here goes to every worker's live subscriptions."""
-        self._broadcast({"type": "ephemeral", "event": orjson.Fragment(event.raw)})
+        self._broadcast({"type": "ephemeral", "event": orjson.Fragment(event.raw), "d": event.d_tag,
+                         "expiration": event.expiration})
 
     def _send_commit(self) -> None:
         self._commit_pending = False
@@ -145,16 +146,14 @@ class ChannelServer:
     def _handle(self, out: frames.FrameWriter, outcomes: frames.ItemFrames, frame: dict) -> None:
         kind = frame.get("type")
         if kind == "submit":
-            for request, obj, source in frame["items"]:
-                done = partial(_answer, outcomes, request)
+            for item in frame["items"]:
                 try:
-                    event = trusted_event_object(obj)
-                    source = frames.decode_source(source)
+                    request, event, source = frames.decode_submit(item)
                 except (KeyError, TypeError, ValueError) as exc:  # a worker's bug, not a client's input
                     log.error("channel_bad_submit", error=repr(exc))
-                    done(INTERNAL)
+                    _answer(outcomes, item[0], INTERNAL)
                     continue
-                self.ingest.take_verified(event, source, done)
+                self.ingest.take_verified(event, source, partial(_answer, outcomes, request))
         elif kind == "job":
             self._spawn(self._run_job(out, frame["id"], frame["job"]))
         elif kind == "moderation_loaded":

@@ -231,19 +231,18 @@ def trusted_event(raw: bytes) -> Event:
     verified, and reads committed ones back from the change feed.  Never call
     it on bytes from a client or a peer: use `parse_event` and the verifier.
     """
-    return _trusted(orjson.loads(raw), raw)
-
-
-def trusted_event_object(obj: dict) -> Event:
-    """`trusted_event` of the object decoded from an event's canonical JSON (embedded in a channel frame with
-    `orjson.Fragment`, so a frame is decoded once): orjson serializes it back to the same bytes, keys in order."""
-    return _trusted(obj, orjson.dumps(obj))
-
-
-def _trusted(obj: dict, raw: bytes) -> Event:
+    obj = orjson.loads(raw)
     tags = obj["tags"]
     return Event(obj["id"], obj["pubkey"], obj["created_at"], obj["kind"], tags, obj["content"], obj["sig"], raw,
                  _first_tag_value(tags, "d") or "", _expiration(tags))
+
+
+def trusted_event_object(obj: dict, d_tag: str, expiration: int | None) -> Event:
+    """`trusted_event` of the object decoded from an event's canonical JSON (embedded in a channel frame with
+    `orjson.Fragment`, so a frame is decoded once): orjson serializes it back to the same bytes, keys in order.
+    `d_tag` and `expiration` are the `Event` fields its sender had found in its tags."""
+    return Event(obj["id"], obj["pubkey"], obj["created_at"], obj["kind"], obj["tags"], obj["content"], obj["sig"],
+                 orjson.dumps(obj), d_tag, expiration)
 
 
 def verify_signature(event: Event) -> bool:

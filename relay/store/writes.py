@@ -66,13 +66,19 @@ class Changes:
     reasons: dict[int, str] = field(default_factory=dict)
     # each inserted event's position in the change feed, in the order of `inserted`
     seqs: list[int] = field(default_factory=list)
+    _net: tuple[list[Event], list[Removed]] | None = field(default=None, repr=False, compare=False)
 
     def net(self) -> tuple[list[Event], list[Removed]]:
-        """(events inserted and still stored, rows removed that were stored before this transaction)."""
-        removed_ids = {r.id for r in self.removed}
-        kept = [e for e in self.inserted if bytes.fromhex(e.id) not in removed_ids]
-        inserted_ids = {bytes.fromhex(e.id) for e in self.inserted}
-        return kept, [r for r in self.removed if r.id not in inserted_ids]
+        """(events inserted and still stored, rows removed that were stored before this transaction).
+
+        Computed once: every hook asks for it (a Changes is not modified once made)."""
+        if self._net is None:
+            removed_ids = {r.id for r in self.removed}
+            kept = [e for e in self.inserted if bytes.fromhex(e.id) not in removed_ids] if removed_ids \
+                else list(self.inserted)
+            inserted_ids = {bytes.fromhex(e.id) for e in self.inserted} if self.removed else set()
+            self._net = kept, [r for r in self.removed if r.id not in inserted_ids]
+        return self._net
 
 
 class TransactionHook(Protocol):

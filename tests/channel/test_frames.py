@@ -12,7 +12,7 @@ import pytest
 
 from relay.channel import frames
 from relay.ingest import Outcome, Source
-from relay.protocol.event import EventLimits, parse_event, trusted_event_object
+from relay.protocol.event import EventLimits, parse_event
 from relay.supervisor import AUTO_MAX_WORKERS, worker_count
 from tests.helpers import REAL_EVENTS, read_jsonl
 
@@ -52,11 +52,12 @@ async def test_a_stream_ending_inside_a_frame_is_an_incomplete_read():
 def test_sources_and_outcomes_cross_the_channel_unchanged():
     """What the writer's stage reads of a Source, and every field of an Outcome, survive the trip."""
     source = Source.client(ip="192.0.2.1", pubkeys=frozenset({"a" * 64}), peer="wss://peer.example")
-    back = frames.decode_source(frames.encode_source(source))
-    assert (back.name, back.origin, back.ip, back.pubkeys, back.fans_out_ephemeral) == (
-        "peer", "wss://peer.example", "192.0.2.1", frozenset({"a" * 64}), True)
+    event = parse_event(read_jsonl(REAL_EVENTS)[0], EventLimits(max_created_at_future_seconds=10**10), time.time())
+    request, _, back = frames.decode_submit(_through_a_frame(frames.encode_submit(3, event, source)))
+    assert (request, back.name, back.origin, back.ip, back.pubkeys, back.fans_out_ephemeral) == (
+        3, "peer", "wss://peer.example", "192.0.2.1", frozenset({"a" * 64}), True)
     outcome = Outcome(False, "blocked", "no", settles=True)
-    request, back = frames.decode_outcome(orjson.loads(orjson.dumps(frames.encode_outcome(7, outcome))))
+    request, back = frames.decode_outcome(_through_a_frame(frames.encode_outcome(7, outcome)))
     assert request == 7 and back == outcome and back.settles
 
 
@@ -92,11 +93,18 @@ def test_a_cgroup_quota_is_counted_in_cpus_rounded_up(tmp_path, monkeypatch, cpu
         assert worker_count("auto") <= cpus
 
 
+def _through_a_frame(item: list) -> list:
+    """`item` as the other end reads it: in a frame, encoded and decoded."""
+    return orjson.loads(frames.encode({"type": "submit", "items": [item]})[4:])["items"][0]
+
+
 def test_a_submit_frame_carries_every_real_event_byte_for_byte():
     """An event embedded in a frame (`orjson.Fragment` of its canonical JSON) is decoded with the frame and
-    serialized back to the very bytes the worker verified, for every real event (unicode, escapes, big tags)."""
+    serialized back to the very bytes the worker verified, with every field, for every real event (unicode,
+    escapes, big tags, d tags, expirations)."""
     limits = EventLimits(max_created_at_future_seconds=10**10, max_tags=10**6, max_content_bytes=10**8)
+    source = Source.client(ip="192.0.2.1")
     for line in read_jsonl(REAL_EVENTS):
         event = parse_event(line, limits, time.time())
-        frame = orjson.loads(frames.encode({"type": "submit", "event": orjson.Fragment(event.raw)})[4:])
-        assert dataclasses.astuple(trusted_event_object(frame["event"])) == dataclasses.astuple(event)
+        _, back, _ = frames.decode_submit(_through_a_frame(frames.encode_submit(1, event, source)))
+        assert dataclasses.astuple(back) == dataclasses.astuple(event)
