@@ -32,8 +32,8 @@ import asyncio
 import base64
 import os
 import pickle
-from functools import lru_cache
 from collections.abc import Callable
+from functools import lru_cache
 from pathlib import Path
 
 import orjson
