@@ -353,13 +353,29 @@ async def start_or_exit_code(node: Node) -> int | None:
     return None
 
 
-async def _serve(config: Config) -> int:
-    # Handlers first: a signal during start-up (peers being set up after /health answers) must
-    # still end in a clean stop, not kill the process.
-    loop = asyncio.get_running_loop()
+def stop_on_signals() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM.  Installed first: a signal during start-up (peers being set up after
+    /health answers) must still end in a clean stop, not kill the process."""
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def serve_until_stopped(node: Node, stop: asyncio.Event) -> int:
+    """Wait for `stop` (exit code 0) or for the writer of `node`'s store to fail (logged, 1)."""
+    stopped = asyncio.create_task(stop.wait())
+    writer = node.store.writer_task
+    done, _ = await asyncio.wait({stopped, writer}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if writer in done:
+        log.error("store_failed", error=repr(writer.exception()))
+        return 1
+    return 0
+
+
+async def _serve(config: Config) -> int:
+    stop = stop_on_signals()
     unmap_large_blocks_when_freed()
     node = Node(config)
     if (code := await start_or_exit_code(node)) is not None:
@@ -368,14 +384,7 @@ async def _serve(config: Config) -> int:
     # Command-line writes (relay import, sync, ban, record) reach this process's writer and its subscribers.
     channel = ChannelServer(socket_path(config.store.path), node.ingest)
     await channel.start()
-    stopped = asyncio.create_task(stop.wait())
-    writer = node.store.writer_task
-    done, _ = await asyncio.wait({stopped, writer}, return_when=asyncio.FIRST_COMPLETED)
-    code = 0
-    if writer in done:
-        log.error("store_failed", error=repr(writer.exception()))
-        code = 1
-    stopped.cancel()
+    code = await serve_until_stopped(node, stop)
     await channel.close()
     await node.stop()
     return code

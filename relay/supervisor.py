@@ -47,7 +47,8 @@ from relay.channel.frames import socket_path
 from relay.channel.writer import ChannelServer
 from relay.config import Config
 from relay.metrics import Metrics, mark_process_dead, start_multiprocess
-from relay.node import Node, run, start_or_exit_code, tune_after_start, unmap_large_blocks_when_freed
+from relay.node import (Node, run, serve_until_stopped, start_or_exit_code, stop_on_signals, tune_after_start,
+                        unmap_large_blocks_when_freed)
 from relay.processes import PROCESSES_FILE, WorkerProcess, write_processes
 from relay.protocol.event import Event
 from relay.runtime import runtime_dir
@@ -231,17 +232,14 @@ class Processes:
 
 async def serve_processes(config: Config, count: int) -> int:
     """The writer process of `count` workers (see the module): serve until SIGINT/SIGTERM; the exit code."""
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     unmap_large_blocks_when_freed()
     processes = Processes(config, count, start_multiprocess(runtime_dir(config.store.path)))
     if (code := await processes.start(stop)) is not None:
         return code
     tune_after_start()
     log.info("relay_started", url=processes.url, db=str(config.store.path), workers=count)
-    code = await _serve_until_stopped(processes.node, stop)
+    code = await serve_until_stopped(processes.node, stop)
     await processes.stop()
     return code
 
@@ -257,17 +255,6 @@ async def _wait_for_workers(channel: ChannelServer, count: int, stop: asyncio.Ev
             log.error("workers_not_started", started=len(channel.workers), workers=count)
             return False
     return True
-
-
-async def _serve_until_stopped(node: Node, stop: asyncio.Event) -> int:
-    stopped = asyncio.create_task(stop.wait())
-    writer = node.store.writer_task
-    done, _ = await asyncio.wait({stopped, writer}, return_when=asyncio.FIRST_COMPLETED)
-    stopped.cancel()
-    if writer in done:
-        log.error("store_failed", error=repr(writer.exception()))
-        return 1
-    return 0
 
 
 def _both(first: Callable[[Event], None] | None, then: Callable[[Event], None]) -> Callable[[Event], None]:

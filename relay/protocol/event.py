@@ -232,17 +232,19 @@ def trusted_event(raw: bytes) -> Event:
     it on bytes from a client or a peer: use `parse_event` and the verifier.
     """
     obj = orjson.loads(raw)
-    tags = obj["tags"]
-    return Event(obj["id"], obj["pubkey"], obj["created_at"], obj["kind"], tags, obj["content"], obj["sig"], raw,
-                 _first_tag_value(tags, "d") or "", _expiration(tags))
+    return _trusted(obj, raw, _first_tag_value(obj["tags"], "d") or "", _expiration(obj["tags"]))
 
 
 def trusted_event_object(obj: dict, d_tag: str, expiration: int | None) -> Event:
     """`trusted_event` of the object decoded from an event's canonical JSON (embedded in a channel frame with
     `orjson.Fragment`, so a frame is decoded once): orjson serializes it back to the same bytes, keys in order.
     `d_tag` and `expiration` are the `Event` fields its sender had found in its tags."""
+    return _trusted(obj, orjson.dumps(obj), d_tag, expiration)
+
+
+def _trusted(obj: dict, raw: bytes, d_tag: str, expiration: int | None) -> Event:
     return Event(obj["id"], obj["pubkey"], obj["created_at"], obj["kind"], obj["tags"], obj["content"], obj["sig"],
-                 orjson.dumps(obj), d_tag, expiration)
+                 raw, d_tag, expiration)
 
 
 def verify_signature(event: Event) -> bool:
