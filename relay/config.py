@@ -163,7 +163,7 @@ class ServerConfig:
                                  restart=True, parse=_parse_paths)
     workers: int | str = key("auto", 'worker processes serving the port beside the writer; "auto": the CPUs this '
                              "process may use, at most 8; 0: one process", restart=True, parse=_parse_workers)
-    worker_nice: int = key(5, "the workers' scheduling priority below the writer's (Unix nice increment): on a "
+    worker_nice: int = key(10, "the workers' scheduling priority below the writer's (Unix nice increment): on a "
                            "busy machine the one writer, the stage every event waits for, runs first; 0: equal",
                            unit="nice", max=19, restart=True)
 

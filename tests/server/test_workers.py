@@ -123,14 +123,14 @@ def test_health_names_the_answering_worker(tmp_path):
 
 @pytest.mark.parametrize("nice", [None, 0, 12])
 def test_workers_run_below_the_writer_by_server_worker_nice(tmp_path, nice):
-    """Each worker's nice value is the writer's plus `server.worker_nice` (default 5): the writer runs first on
+    """Each worker's nice value is the writer's plus `server.worker_nice` (default 10): the writer runs first on
     a busy machine."""
     env = {} if nice is None else {"RELAY_SERVER__WORKER_NICE": str(nice)}
     with _serve(tmp_path, **env) as served:
         _start(served)
         writer = os.getpriority(os.PRIO_PROCESS, served.proc.pid)
         workers = [os.getpriority(os.PRIO_PROCESS, pid) for pid in _children(served.proc.pid)]
-        assert workers == [min(writer + (5 if nice is None else nice), 19)] * WORKERS
+        assert workers == [min(writer + (10 if nice is None else nice), 19)] * WORKERS
 
 
 async def test_live_events_reach_every_worker_exactly_once(tmp_path):
