@@ -275,15 +275,16 @@ async def _trim_memory_forever(trim: Callable[[int], int], seconds: float) -> No
         await asyncio.to_thread(trim, 0)
 
 
-def tune_after_start() -> None:
-    """Process settings for a relay process that has started: one process, the writer of workers, each worker
-    (`relay serve` only: tests share their process)."""
-    # Start-up objects never die: keep them out of GC passes, and collect the young generation less often:
-    # every event allocates a few containers, and a batch of 1,000 queued for the writer outlives a young
-    # collection, so each pass walked the queue again (10,000: 66 passes in 8 s of ingest with workers, 0.37 s
-    # holding the GIL the write transaction waits for).  100,000 gave 3-5% more events/s in both modes.
+def tune_after_start(serves_clients: bool = True) -> None:
+    """Process settings for a relay process that has started: one process, each worker, or (`serves_clients`
+    False) the writer of workers (`relay serve` only: tests share their process)."""
+    # Start-up objects never die: keep them out of GC passes, and collect the young generation less often
+    # (every event allocates a few containers).  The writer of workers answers no client, so it trades longer
+    # pauses for fewer: a batch of 1,000 queued for it outlives a young collection, and at 10,000 each pass
+    # walked the queue again (66 passes in 8 s of ingest, 0.37 s holding the GIL the write transaction waits
+    # for); 100,000 gave it 3-5% more events/s.  A process with clients keeps pauses short for their REQs.
     gc.freeze()
-    gc.set_threshold(100_000, 20, 100)
+    gc.set_threshold(*((10_000, 10, 10) if serves_clients else (100_000, 20, 100)))
     # The writer and verifier threads drop the GIL inside SQLite and secp256k1;
     # a short switch interval lets them take it back without waiting 5 ms.
     sys.setswitchinterval(_SWITCH_INTERVAL_SECONDS)

@@ -237,7 +237,7 @@ async def serve_processes(config: Config, count: int) -> int:
     processes = Processes(config, count, start_multiprocess(runtime_dir(config.store.path)))
     if (code := await processes.start(stop)) is not None:
         return code
-    tune_after_start()
+    tune_after_start(serves_clients=False)
     log.info("relay_started", url=processes.url, db=str(config.store.path), workers=count)
     code = await serve_until_stopped(processes.node, stop)
     await processes.stop()
