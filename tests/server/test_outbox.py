@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from relay.server.budget import ByteBudget
-from relay.server.outbox import STORED_CHUNK, STORED_CHUNK_BYTES, Outbox, RateWindow, chunks, stored_results_refusal
+from relay.server.outbox import (STORED_CHUNK, STORED_CHUNK_BYTES, Outbox, RateWindow, Signal, chunks,
+                                 stored_results_refusal)
 
 
 class FakeSocket:
@@ -31,6 +32,26 @@ async def _started(outbox: Outbox, socket: FakeSocket) -> asyncio.Task:
     task = asyncio.create_task(outbox.run(socket.write))
     await asyncio.sleep(0)
     return task
+
+
+async def test_a_signal_wakes_every_waiter_and_a_cancelled_one_leaves_the_others_waiting():
+    """`Signal` behaves as `asyncio.Event`: set wakes all waiters; a cancelled waiter is forgotten; once set,
+    `wait` returns at once until `clear`."""
+    signal = Signal()
+    first, second, cancelled = (asyncio.create_task(signal.wait()) for _ in range(3))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    await asyncio.sleep(0)
+    assert not first.done() and not second.done() and cancelled.cancelled()
+    signal.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 1)
+    await asyncio.wait_for(signal.wait(), 1)  # set: no wait
+    signal.clear()
+    later = asyncio.create_task(signal.wait())
+    await asyncio.sleep(0.01)
+    assert not later.done()
+    signal.set()
+    await asyncio.wait_for(later, 1)
 
 
 async def test_queued_frames_go_out_in_one_batch_in_order():
