@@ -32,6 +32,7 @@ from relay.server.access import AccessPolicy
 from relay.server.budget import ByteBudget
 from relay.server.connection import BLOCKED, Connection, ConnectionServices
 from relay.server.handlers.context import HandlerMetrics, Services
+from relay.server.keepalive import Keepalive
 from relay.server.management import ManagementApi
 from relay.server.negentropy import NegentropyService
 from relay.server.iptable import IpTable
@@ -93,6 +94,8 @@ class RelayServer:
         # `ip_table`: a worker process's view of the per-IP limits every worker shares (None: this process's own)
         self.rate_limits = RateLimits(config.rate_limits, stored_results=self.stored_results, table=ip_table)
         self.negentropy = NegentropyService(config.negentropy, store, self.internal_error)  # NIP-77 responder
+        self.keepalive = Keepalive(config.server.ping_interval_seconds, config.server.ping_timeout_seconds)
+        self._keepalive_task: asyncio.Task | None = None  # from listen()
         # A worker process's GET /health answer: (healthy, JSON body) saying whether it reaches the writer process;
         # None (one process): "ok".
         self.health: Callable[[], tuple[bool, dict]] | None = None
@@ -112,9 +115,10 @@ class RelayServer:
         self.server = await serve(
             self._handle, **where, **self.server_header,
             max_size=self.config.limits.max_message_bytes,
-            max_queue=16, compression=None, ping_interval=None,  # pings: Wire.unresponsive
+            max_queue=16, compression=None, ping_interval=None,  # pings: server/keepalive.py
             create_connection=self._server_connection,
         )
+        self._keepalive_task = asyncio.create_task(self.keepalive.run(), name="keepalive")
 
     @property
     def port(self) -> int:
@@ -155,6 +159,8 @@ class RelayServer:
         for ws in list(self._sockets):  # past the deadline: no more waiting for close or opening handshakes
             reset(ws)
         await self.within(loop.time() + _RESET_SECONDS, self.server.wait_closed(), "reset", _RESET_SECONDS)
+        if self._keepalive_task is not None:
+            self._keepalive_task.cancel()
 
     async def within(self, deadline: float, step: Awaitable, name: str, seconds: float) -> None:
         """Await a shutdown `step` until the loop time `deadline` (`seconds` after shutdown began); past it,
@@ -182,7 +188,7 @@ class RelayServer:
         handlers = Services(self.config.limits, self.event_limits, self.store, self.ingest,
                             self.stored_results, self.rate_limits, self.metrics, self.internal_error,
                             *([moderation.is_trusted] if moderation else []))
-        return ConnectionServices(handlers, self.subscriptions, self.config.server, self.access, self.negentropy,
+        return ConnectionServices(handlers, self.subscriptions, self.keepalive, self.access, self.negentropy,
                                   self.slow_reader_dropped, self.keepalive_timed_out,
                                   *([moderation.is_blocked] if moderation else []))
 

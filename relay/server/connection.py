@@ -21,7 +21,6 @@ import structlog
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from relay.config import ServerConfig
 from relay.protocol.envelopes import (
     MessageError,
     encode_closed,
@@ -32,6 +31,7 @@ from relay.protocol.envelopes import (
 from relay.server.access import AccessPolicy, ConnectionAccess
 from relay.server.handlers import HANDLERS
 from relay.server.handlers.context import Context, Services
+from relay.server.keepalive import Keepalive
 from relay.server.negentropy import NegentropyService
 from relay.server.outbox import Outbox
 from relay.server.subscriptions import SubscriptionIndex, Subscriptions
@@ -50,14 +50,14 @@ BLOCKED = "blocked: this address is blocked here"
 class ConnectionServices:
     """What every connection shares beyond its handlers' `Services` (built once, at start).
 
-    `live` is the relay's index of live subscriptions;
+    `live` is the relay's index of live subscriptions; `keepalive` pings every connection;
     `slow_reader_dropped(**log_fields)` and `keepalive_timed_out()` count a
     connection closed with 1008 or 1011; `blocked(ip)` is read before each message.
     """
 
     handlers: Services
     live: SubscriptionIndex
-    server: ServerConfig
+    keepalive: Keepalive
     access: AccessPolicy
     negentropy: NegentropyService
     slow_reader_dropped: Callable[..., None]
@@ -101,7 +101,7 @@ class Connection:
     async def run(self) -> None:
         """Read and answer messages until the socket closes, then release everything held."""
         sender = asyncio.create_task(self._send_queued())
-        keepalive = asyncio.create_task(self._keepalive())
+        self._services.keepalive.watch(self.wire, self._keepalive_timeout)
         ctx, recv, limits = self._context, self.wire.recv, self._context.limits
         try:
             if self._services.access.config.challenge_on_connect:
@@ -135,7 +135,7 @@ class Connection:
         finally:
             self.outbox.close()  # wakes a drain() waiting for OKs that will never be written
             sender.cancel()
-            keepalive.cancel()
+            self._services.keepalive.forget(self.wire)
             self.subscriptions.close_all()
             self.negentropy.close_all()
             self._services.handlers.rate_limits.close(ctx.rate)
@@ -185,9 +185,7 @@ class Connection:
         self.subscriptions.close_all()
         return self.wire.drop(code, reason)
 
-    async def _keepalive(self) -> None:
-        server = self._services.server
-        await self.wire.unresponsive(server.ping_interval_seconds, server.ping_timeout_seconds)
+    def _keepalive_timeout(self) -> None:
         if self._drop(1011, "keepalive ping timeout"):  # not when dropped already as a slow reader
             self._services.keepalive_timed_out()
 

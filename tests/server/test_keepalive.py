@@ -3,10 +3,12 @@ a client that neither answers pings nor reads is closed (1011) and counted; one 
 
 from __future__ import annotations
 
+import asyncio
 import struct
 
 import pytest
 
+from relay.server.keepalive import Keepalive
 from tests.conftest import make_config
 from tests.helpers import Client, raw_websocket, read_until_reset
 from tests.inprocess import Relay
@@ -45,3 +47,43 @@ async def test_a_client_that_never_answers_a_ping_is_closed_and_one_that_does_st
         await answering.close()
     finally:
         await relay.stop()
+
+
+class _FakeWire:
+    """A wire whose peer answers pings when `answers`, and whose TCP has acknowledged `taken` bytes."""
+
+    def __init__(self, answers: bool) -> None:
+        self.answers, self.taken, self.pings = answers, 0, 0
+
+    async def pong(self) -> None:
+        self.pings += 1
+        if not self.answers:
+            await asyncio.Event().wait()
+
+    def taken_bytes(self) -> int:
+        return self.taken
+
+
+async def test_one_keepalive_pings_every_wire_and_gives_up_only_on_one_silent_and_not_reading():
+    """`Keepalive.look` (interval 1 s, timeout 2 s): a wire that answers is pinged again an interval after its
+    pong; one that does not answer but whose TCP keeps acknowledging bytes stays; one that neither answers nor
+    reads is given up once, after 2 s of looks without progress, and no longer pinged."""
+    keepalive = Keepalive(1.0, 2.0)
+    answering, reading, silent = _FakeWire(True), _FakeWire(False), _FakeWire(False)
+    timed_out: list[_FakeWire] = []
+    for wire in (answering, reading, silent):
+        keepalive.watch(wire, lambda wire=wire: timed_out.append(wire))
+    start = asyncio.get_running_loop().time()
+    for step in range(1, 21):  # 10 s of looks, every 0.5 s
+        keepalive.look(start + step * 0.5)
+        reading.taken += 100
+        await asyncio.sleep(0)
+    assert timed_out == [silent] and silent.pings == 1
+    assert reading.pings == 1  # its one ping still waits behind what it reads
+    assert answering.pings >= 4
+    pings = answering.pings
+    keepalive.forget(answering)
+    keepalive.forget(reading)
+    keepalive.look(start + 30)
+    await asyncio.sleep(0)
+    assert answering.pings == pings  # forgotten: no more pings

@@ -5,7 +5,7 @@ Messages go out as text frames built here and handed to the transport in one
 write per batch (inside websockets' `send_context`, which keeps the close
 handshake and flow control right).  Whether the peer reads is measured by the
 bytes its TCP acknowledged (`TCP_INFO`), which both the stored-results pacing
-(`send_watched`) and the keepalive (`unresponsive`) look at every 0.5 s.  A
+(`send_watched`) and the keepalive (relay/server/keepalive.py) look at every 0.5 s.  A
 connection dropped for not reading closes with SO_LINGER 0: what the peer has
 not taken is discarded, not kept in the kernel.
 """
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 _TEXT_FRAME = 0x81
 _LENGTH_16 = struct.Struct("!BBH")
 _LENGTH_64 = struct.Struct("!BBQ")
-_PROGRESS_CHECK_SECONDS = 0.5  # how often a write waiting on the socket looks for progress
+PROGRESS_CHECK_SECONDS = 0.5  # how often a write waiting on the socket, or a ping, looks for progress
 TCP_INFO = getattr(socket, "TCP_INFO", None)
 """Linux's `TCP_INFO` socket option, None where the platform has none (then `taken_bytes` counts the bytes
 handed to the kernel instead; tests set it to None to take that path)."""
@@ -66,6 +66,23 @@ def _discard_unsent_on_close(ws: ServerConnection) -> None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
         except (OSError, ValueError):
             pass  # closed already (uvloop's socket object raises ValueError: negative file descriptor)
+
+
+class Progress:
+    """How long a peer has taken nothing of what was written to it, from looks every `PROGRESS_CHECK_SECONDS`
+    at its `Wire.taken_bytes()`; no baseline before the first look."""
+
+    __slots__ = ("taken", "still")
+
+    def __init__(self) -> None:
+        self.taken: int | None = None
+        self.still = 0.0
+
+    def look(self, taken: int) -> float:
+        """Seconds without progress, given the bytes taken now (0.0 after progress, or at the first look)."""
+        self.still = 0.0 if self.taken is None or taken > self.taken else self.still + PROGRESS_CHECK_SECONDS
+        self.taken = taken
+        return self.still
 
 
 class Wire:
@@ -118,20 +135,6 @@ class Wire:
         """
         return await self._while_taking(self.send_many(messages), self.ws.drain, seconds, window)
 
-    async def unresponsive(self, interval: float, timeout: float) -> None:
-        """Ping the peer every `interval` seconds (RFC 6455 section 5.5.2); return once it has neither answered
-        a ping nor taken any of what was written to it for `timeout` seconds.
-
-        A ping waits behind every byte written before it, so a client steadily reading a large answer
-        at 60 kB/s got its pong too late for websockets' own keepalive and was cut after 80-108 s.
-        """
-        while True:
-            await asyncio.sleep(interval)
-            pong = asyncio.ensure_future(self._pong())
-            if not await self._while_taking(asyncio.shield(pong), partial(asyncio.shield, pong), timeout):
-                pong.cancel()
-                return
-
     def drop(self, code: int, reason: str) -> bool:
         """Close for not reading or not answering in time: True when the close handshake begins (with `code`
         and `reason`); False when the WebSocket is no longer open (its peer is leaving, or the relay is
@@ -160,11 +163,12 @@ class Wire:
         except TimeoutError:
             reset(self.ws)
 
-    async def _pong(self) -> None:
+    async def pong(self) -> None:
+        """Ping the peer (RFC 6455 section 5.5.2) and return once it answers, or once the socket closes."""
         try:
             await (await self.ws.ping())
         except ConnectionClosed:
-            pass  # the read loop ends too, and cancels the keepalive
+            pass  # the read loop ends too, and the keepalive forgets this wire
 
     async def _while_taking(self, waiting: Awaitable, then: Callable[[], Awaitable], seconds: float,
                             window: RateWindow | None = None) -> bool:
@@ -182,19 +186,17 @@ class Wire:
         Raises:
             ConnectionClosed: the socket is closed.
         """
-        taken, still = None, 0.0  # no baseline before the first look: most writes never wait that long
+        progress = Progress()  # no baseline before the first look: most writes never wait that long
         loop = asyncio.get_running_loop()
         while True:
             try:
-                async with asyncio.timeout(_PROGRESS_CHECK_SECONDS):
+                async with asyncio.timeout(PROGRESS_CHECK_SECONDS):
                     await waiting
                 return True
             except TimeoutError:  # what was written stays with the transport
                 pass
-            now = self.taken_bytes()
-            still = 0.0 if taken is None or now > taken else still + _PROGRESS_CHECK_SECONDS
-            taken = now
-            if still >= seconds or (window is not None and window.too_slow(loop.time(), now)):
+            taken = self.taken_bytes()
+            if progress.look(taken) >= seconds or (window is not None and window.too_slow(loop.time(), taken)):
                 return False
             waiting = then()
 
