@@ -159,6 +159,11 @@ def _expiration(tags: list) -> int | None:
     return int(value)
 
 
+def _tag_fields(tags: list) -> tuple[str, int | None]:
+    """The `Event` fields read from its tags: (`d_tag`: the first `d` value or "", NIP-40 `expiration`)."""
+    return _first_tag_value(tags, "d") or "", _expiration(tags)
+
+
 RAW_ID = slice(7, 71)
 """Where the id sits in `Event.raw` (bytes): `{"id":"<64 hex>",...`, the first key of our serialization."""
 
@@ -220,8 +225,7 @@ def parse_event(obj: object, limits: EventLimits, now: float) -> Event:
         {"id": event_id, "pubkey": pubkey, "created_at": created_at, "kind": kind,
          "tags": tags, "content": content, "sig": sig}
     )
-    return Event(event_id, pubkey, created_at, kind, tags, content, sig, raw,
-                 _first_tag_value(tags, "d") or "", _expiration(tags))
+    return Event(event_id, pubkey, created_at, kind, tags, content, sig, raw, *_tag_fields(tags))
 
 
 def trusted_event(raw: bytes) -> Event:
@@ -232,7 +236,7 @@ def trusted_event(raw: bytes) -> Event:
     it on bytes from a client or a peer: use `parse_event` and the verifier.
     """
     obj = orjson.loads(raw)
-    return _trusted(obj, raw, _first_tag_value(obj["tags"], "d") or "", _expiration(obj["tags"]))
+    return _trusted(obj, raw, *_tag_fields(obj["tags"]))
 
 
 def trusted_event_object(obj: dict, d_tag: str, expiration: int | None) -> Event:

@@ -24,7 +24,7 @@ class _Watch:
         self.on_timeout = on_timeout
         self.next_ping = next_ping  # loop time of the next ping, while none is in flight
         self.pong: asyncio.Future | None = None  # the ping in flight, done once answered
-        self.progress = Progress()
+        self.progress: Progress | None = None  # the peer's reading since that ping was sent
 
 
 class Keepalive:

@@ -73,11 +73,13 @@ class Changes:
 
         Computed once: every hook asks for it (a Changes is not modified once made)."""
         if self._net is None:
-            removed_ids = {r.id for r in self.removed}
-            kept = [e for e in self.inserted if bytes.fromhex(e.id) not in removed_ids] if removed_ids \
-                else list(self.inserted)
-            inserted_ids = {bytes.fromhex(e.id) for e in self.inserted} if self.removed else set()
-            self._net = kept, [r for r in self.removed if r.id not in inserted_ids]
+            if not self.removed:  # the common batch: nothing superseded or deleted
+                self._net = list(self.inserted), []
+            else:
+                removed_ids = {r.id for r in self.removed}
+                inserted_ids = {bytes.fromhex(e.id) for e in self.inserted}
+                self._net = ([e for e in self.inserted if bytes.fromhex(e.id) not in removed_ids],
+                             [r for r in self.removed if r.id not in inserted_ids])
         return self._net
 
 
