@@ -131,8 +131,11 @@ MAX_WORKERS = 64
 
 def _parse_workers(name: str, value: Any) -> int | str:
     """`[server] workers`: "auto" or a count from 0 to 64 (an environment variable's text included)."""
-    if type(value) is str and value != "auto":
-        value = int(value) if value.isascii() and value.isdigit() else value
+    if type(value) is str and value.isascii() and value.isdigit():
+        try:
+            value = int(value)
+        except ValueError:  # past int()'s 4,300 digits: out of range, refused below
+            pass
     if value != "auto" and (type(value) is not int or not 0 <= value <= MAX_WORKERS):
         raise ConfigError(f'{name}: must be "auto" or a count from 0 to {MAX_WORKERS}, got {value!r}')
     return value

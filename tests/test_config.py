@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.config import Config, section_keys, sections
+from relay.config import Config, ConfigError, load_config, section_keys, sections
 from relay.protocol import negentropy
 from relay.store.store import StoreOptions
 
@@ -98,3 +98,17 @@ def test_frame_size_minimum_is_the_engines():
     """`[sync]` and `[negentropy]` frame_size_limit take the negentropy engine's minimum."""
     for section in ("sync", "negentropy"):
         assert _rules(section, "frame_size_limit")["min"] == negentropy.MIN_FRAME_SIZE_LIMIT
+
+
+@pytest.mark.parametrize("text", ["auto", "0", "2", "64"])
+def test_server_workers_takes_auto_or_a_count(text):
+    """`RELAY_SERVER__WORKERS` is "auto" or a count from 0 to 64."""
+    assert load_config(env={"RELAY_SERVER__WORKERS": text}).server.workers == (text if text == "auto" else int(text))
+
+
+@pytest.mark.parametrize("text", ["65", "-1", "two", "", "9" * 5000])
+def test_server_workers_refuses_anything_else_naming_the_key(text):
+    """Anything else is a ConfigError naming `server.workers`, a 5,000-digit count included (int() refuses
+    strings past 4,300 digits with ValueError: the fuzz test found it)."""
+    with pytest.raises(ConfigError, match=r"^server\.workers: "):
+        load_config(env={"RELAY_SERVER__WORKERS": text})
