@@ -23,6 +23,7 @@ import structlog
 from relay.config import Config, ConfigError, load_config
 from relay.logging import configure_logging
 from relay.store.location import DatabaseUnusable
+from relay.store.store import JobFailed, StoreFailed
 
 
 CONFIG_ENV = "RELAY_CONFIG"
@@ -250,6 +251,9 @@ def _main(argv: list[str] | None) -> int:
     except DatabaseUnusable as exc:  # one line naming the path, as for a bad configuration
         print(f"relay {args.command}: database {exc}", file=sys.stderr)
         return 2
+    except (JobFailed, StoreFailed) as exc:  # the writer refused this command's change (logged there)
+        print(f"relay {args.command}: the relay could not apply it: {exc}", file=sys.stderr)
+        return 1
 
 
 def _dispatch(args: argparse.Namespace) -> int:

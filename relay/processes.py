@@ -14,6 +14,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from relay.runtime import replace_json
+
 PROCESSES_FILE = "processes.json"
 
 
@@ -37,9 +39,7 @@ def write_processes(runtime: Path, writer_pid: int, writer_started: float, worke
     """
     body = {"writer": {"pid": writer_pid, "started": writer_started},
             "workers": [asdict(w) for w in sorted(workers, key=lambda w: w.index)]}
-    temporary = runtime / f"{PROCESSES_FILE}.{os.getpid()}"
-    temporary.write_text(json.dumps(body), encoding="utf-8")
-    os.replace(temporary, runtime / PROCESSES_FILE)
+    replace_json(runtime / PROCESSES_FILE, body)
 
 
 def read_processes(runtime: Path) -> dict | None:

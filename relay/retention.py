@@ -44,7 +44,7 @@ class RetentionReport:
 async def _scan(store: Store, scan: Scan, budget: int, batch: int, guard: Protection, now: int,
                 report: RetentionReport) -> None:
     while budget > 0:
-        step = await store.run_job(evict_step, scan, batch, budget, guard, now)
+        step = await store.run_retried("retention", evict_step, scan, batch, budget, guard, now)
         report.read += step.read
         report.evicted += step.evicted
         report.steps += 1

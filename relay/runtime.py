@@ -12,6 +12,7 @@ is created with mode 0700: only the relay's user may talk to its writer.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -31,3 +32,15 @@ def runtime_dir(db_path: str | Path, create: bool = True) -> Path:
         if info.st_uid != os.getuid() or info.st_mode & 0o077:
             raise OSError(f"{path} is not private to this user (mode {info.st_mode & 0o777:o})")
     return path
+
+
+def replace_json(path: Path, body: object) -> None:
+    """Replace the file `path` with `body` as JSON, through a temporary file and a rename: a reader never sees
+    half of it.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    temporary = path.with_name(f"{path.name}.{os.getpid()}")
+    temporary.write_text(json.dumps(body), encoding="utf-8")
+    os.replace(temporary, path)

@@ -12,6 +12,7 @@ import sqlite3
 from pathlib import Path
 
 from relay.config import Config
+from relay.failing import read_failing
 from relay.processes import read_processes
 from relay.runtime import runtime_dir
 from relay.store.checkpoint import file_bytes, wal_bytes
@@ -30,7 +31,9 @@ def gather_status(config: Config) -> dict:
     and each peer has `url`, `configured` (in `[[sync.peers]]`), `direction`,
     `filter`, and the `sync_peers` columns (unix seconds, counts of events).
     With worker processes running, also `"processes"`: the writer's and each
-    worker's pid and start time (relay/processes.py's file).
+    worker's pid and start time (relay/processes.py's file).  While background
+    steps of the running relay keep failing, also `"failing"`: each as
+    `{"step", "error", "attempts", "since", "retry_at"}` (relay/failing.py).
 
     Raises:
         FileNotFoundError: there is no database at `store.path`.
@@ -61,9 +64,12 @@ def gather_status(config: Config) -> dict:
         "projectors": projectors,
         "peers": peers,
     }
-    processes = read_processes(runtime_dir(path, create=False))
+    runtime = runtime_dir(path, create=False)
+    processes = read_processes(runtime)
     if processes is not None:
         status["processes"] = processes
+    if failing := read_failing(runtime):
+        status["failing"] = failing
     return status
 
 

@@ -9,7 +9,7 @@
 | `ephemeral` | writer -> all    | `event` (canonical JSON), `d`, `expiration`: fan out, never stored   |
 | `heartbeat` | writer -> all    | every `HEARTBEAT_SECONDS`: the writer is alive                       |
 | `job`       | worker -> writer | `id`, `job`: a store job and its arguments (pickled, base64)         |
-| `job_done`  | writer -> worker | `id`, `result` (pickled, base64) or `error` (text)                   |
+| `job_done`  | writer -> worker | `id`, `result` (pickled, base64) or `error` (text) and `fatal` (the writer failed) |
 | `moderation`| writer -> all    | `id`: a job changed the moderation lists: read them again            |
 | `moderation_loaded` | worker -> writer | `id`: read again; the job is answered once every worker has  |
 

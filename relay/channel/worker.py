@@ -28,7 +28,7 @@ import structlog
 from relay.channel import frames
 from relay.ingest import Outcome, Source
 from relay.protocol.event import Event, trusted_event_object
-from relay.store.store import StoreFailed
+from relay.store.store import JobFailed, StoreFailed
 
 log = structlog.get_logger(__name__)
 
@@ -106,7 +106,8 @@ class WriterChannel:
         """`Store.run_job` in a worker: the writer process runs `job(conn, hooks, *args)`; its result.
 
         Raises:
-            StoreFailed: the job failed there, or the writer is gone.
+            JobFailed: the job raised there (the writer goes on).
+            StoreFailed: the writer failed, or is gone.
         """
         if self._closed:
             raise StoreFailed(WRITER_GONE.reason)
@@ -155,8 +156,8 @@ class WriterChannel:
             future = self._jobs.pop(frame["id"], None)
             if future is None or future.done():
                 return
-            if "error" in frame:
-                future.set_exception(StoreFailed(frame["error"]))
+            if "error" in frame:  # the writer failed, or only this job did
+                future.set_exception((StoreFailed if frame.get("fatal") else JobFailed)(frame["error"]))
             else:
                 future.set_result(frames.unpack(frame["result"]))
         elif kind == "moderation":

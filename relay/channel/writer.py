@@ -37,6 +37,7 @@ from relay.channel import frames
 from relay.ingest import Ingest, Outcome
 from relay.ingest.outcome import INTERNAL
 from relay.protocol.event import Event
+from relay.store.store import JobFailed, StoreFailed
 from relay.store.writes import Changes
 
 log = structlog.get_logger(__name__)
@@ -176,8 +177,9 @@ class ChannelServer:
         try:
             job, args = frames.unpack(packed)
             answer["result"] = frames.pack(await self.ingest.store.run_job(job, *args))
-        except Exception as exc:  # the job's failure is the caller's answer (StoreFailed there)
-            answer["error"] = repr(exc)
+        except Exception as exc:  # the job's failure is the caller's answer (JobFailed there, or StoreFailed)
+            answer["error"] = str(exc) if isinstance(exc, (JobFailed, StoreFailed)) else repr(exc)
+            answer["fatal"] = isinstance(exc, StoreFailed)
         if self.ingest.moderation is not None:
             await self.ingest.moderation.load()
         await self._reload_everywhere()

@@ -73,6 +73,9 @@ def render_status(status: dict, now: float | None = None, top_kinds: int = 15) -
         if p.get("lease_owner") and (p.get("lease_expires") or 0) > now:
             lines.append(f"    syncing now: {p['lease_owner']} (lease until {_when(p['lease_expires'], now)})")
     lines.extend(_processes(status.get("processes"), now))
+    for f in status.get("failing", []):
+        lines.append(f"FAILING: {f['step']}: {f['attempts']} attempts since {_when(f['since'], now)}, next "
+                     f"{_when(f['retry_at'], now)}; last error: {f['error']}")
     lines.append(f"projectors: {len(status['projectors'])}" + ("" if status["projectors"] else " (none configured)"))
     for p in status["projectors"]:
         lines.append(f"  {p['name']} (kind {p['kind']}, revision {p['revision']}): {p['state']}, {p['rows']} rows, "

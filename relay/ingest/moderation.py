@@ -195,11 +195,16 @@ class Moderation:
         await self.load()
         log.info("pubkey_banned", pubkey=pubkey, purge=purge)
 
-    async def purge(self, pubkey: str) -> int:
-        """Remove the stored events of banned `pubkey` in steps of `[admin] purge_batch_size`; returns how many."""
+    async def purge(self, pubkey: str, in_background: bool = False) -> int:
+        """Remove the stored events of banned `pubkey` in steps of `[admin] purge_batch_size`; returns how many.
+
+        `in_background` (the relay's own purges): a failing step is tried again with back-off and listed by
+        `relay status` (`Store.run_retried`); else its `JobFailed` ends the purge (a command says so)."""
         batch, removed = self.config.admin.purge_batch_size, 0
+        step = f"purge of banned pubkey {pubkey}"
         while True:
-            count = await self.store.run_job(bans.purge_step, pubkey, batch)
+            count = await (self.store.run_retried(step, bans.purge_step, pubkey, batch) if in_background
+                           else self.store.run_job(bans.purge_step, pubkey, batch))
             removed += count
             if count < batch:
                 return removed
@@ -251,7 +256,7 @@ class Moderation:
     async def _purge_logged(self, pubkey: str) -> None:
         started = time.monotonic()
         try:
-            removed = await self.purge(pubkey)
+            removed = await self.purge(pubkey, in_background=True)
         except Exception as exc:  # the one place a purge task catches: its row stays, resumed at the next start
             log.error("purge_failed", pubkey=pubkey, error=repr(exc), exc_info=exc)
             return

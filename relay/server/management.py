@@ -39,6 +39,7 @@ from relay.server.rpc import Method, MethodError, hex64, param, pubkey
 from relay.server.wire.http import HttpRequest, HttpResponse, route_path
 from relay.store import auth_claims
 from relay.store import moderation as lists
+from relay.store.store import JobFailed, StoreFailed
 
 log = structlog.get_logger(__name__)
 
@@ -250,6 +251,9 @@ class ManagementApi:
             return _json(HTTPStatus.UNAUTHORIZED, {"error": str(rejection)})
         except MethodError as exc:
             return _json(HTTPStatus.OK, {"result": None, "error": str(exc)})
+        except (JobFailed, StoreFailed) as exc:  # the writer refused this change alone, or cannot write at all
+            log.error("management_failed", error=str(exc))
+            return _json(HTTPStatus.OK, {"result": None, "error": "error: internal"})
         log.info("management_call", method=method, pubkey=caller)
         return _json(HTTPStatus.OK, {"result": result})
 

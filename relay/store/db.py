@@ -51,6 +51,12 @@ def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Cursor]:
         raise
 
 
+def rollback_open_transaction(conn: sqlite3.Connection) -> None:
+    """ROLLBACK if a transaction is still open on `conn` (a failed job that began one outside `transaction`)."""
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
+
+
 @contextmanager
 def read_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """BEGIN ... ROLLBACK on an autocommit connection: one snapshot for every statement inside (it only reads)."""

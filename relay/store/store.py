@@ -24,6 +24,7 @@ from pathlib import Path
 import aiosqlite
 import structlog
 
+from relay.failing import FailingSteps
 from relay.protocol.auth import PrivateKinds
 from relay.protocol.event import Event
 from relay.protocol.filters import Filter
@@ -70,8 +71,32 @@ class StoreOptions:
     relay_urls: frozenset[tuple] = frozenset()  # this relay's URL keys (relay_url_key), for NIP-62 requests to vanish
 
 
+RETRY_FIRST_SECONDS = 1.0  # `run_retried`: the first wait after a failure, doubled at each failure in a row
+RETRY_MAX_SECONDS = 300.0  # ... up to this
+
+
 class StoreFailed(RuntimeError):
-    """The writer hit a database error; the store accepts nothing more."""
+    """The writer cannot write at all (see `is_fatal`); the store accepts nothing more."""
+
+
+class JobFailed(RuntimeError):
+    """One job raised on the writer: its caller's answer; the writer and every other job and event go on."""
+
+
+# SQLite's primary result codes that mean the database cannot be written at all (disk full, I/O error, a
+# corrupt or foreign file, a read-only file, no memory): the writer stops rather than accept what it can
+# never acknowledge.  Any other error belongs to the one job or event that raised it.
+_FATAL_CODES = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB,
+                          sqlite3.SQLITE_READONLY, sqlite3.SQLITE_NOMEM})
+
+
+def is_fatal(exc: BaseException) -> bool:
+    """Whether `exc` means the writer cannot write at all: an `sqlite3.Error` whose primary result code (the
+    low byte of an extended code) is FULL, IOERR, CORRUPT, NOTADB, READONLY or NOMEM, or a `MemoryError`."""
+    if isinstance(exc, MemoryError):
+        return True
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, sqlite3.Error) and code is not None and code & 0xFF in _FATAL_CODES
 
 
 def _purge_job(conn, hooks: Sequence[TransactionHook], max_rows: int) -> tuple[Changes, int]:
@@ -107,6 +132,9 @@ class Store:
         # Told (events, seconds) of every write transaction: the relay's metrics (relay/metrics.py).
         self.on_batch: Callable[[int, float], None] = lambda events, seconds: None
         self._failure: BaseException | None = None
+        self._answered = 0  # entries of the batch being written that were answered (see `_writer_loop`)
+        # Background steps failing now, listed for `relay status` (see `run_retried`).
+        self.failing = FailingSteps(path)
         # A reader's `run_job` hands the job to the writer process instead (relay/channel/worker.py), or None.
         self.forward_job: Callable[..., Awaitable[object]] | None = None
 
@@ -222,7 +250,7 @@ class Store:
 
     async def purge_expired(self) -> int:
         """NIP-40: remove events whose expiration has passed, through the writer. Returns how many."""
-        return await self.run_job(_purge_job, self.options.purge_batch)
+        return await self.run_retried("expiry purge", _purge_job, self.options.purge_batch)
 
     async def run_job(self, job: Callable, *args) -> object:
         """Run `job(conn, hooks, *args) -> (Changes, result)` on the writer, between two batches; return `result`.
@@ -235,7 +263,11 @@ class Store:
         In a store opened with `open_reader`, the job goes to `forward_job`
         when set (the writer process runs it).
 
+        A job that raises is rolled back alone (its transaction) and logged with what it was; the writer
+        goes on.
+
         Raises:
+            JobFailed: the job raised (its error is the message); nothing of it was kept.
             StoreFailed: the writer has failed (before or while running it).
         """
         if self.forward_job is not None:
@@ -244,13 +276,40 @@ class Store:
             raise StoreFailed("the relay cannot store events now")
         future = self._loop.create_future()
 
-        def done(result: object, failure: str) -> None:
+        def done(result: object, failure: Exception | None) -> None:
             if not future.done():
-                future.set_exception(StoreFailed(failure)) if failure else future.set_result(result)
+                future.set_exception(failure) if failure is not None else future.set_result(result)
 
-        self._pending.append((lambda conn: job(conn, self.hooks, *args), done))
+        self._pending.append((_Job(job, self.hooks, args), done))
         self._wakeup.set()
         return await future
+
+    async def run_retried(self, step: str, job: Callable, *args) -> object:
+        """`run_job`, tried again while it fails alone (`JobFailed`), for a background step that must be done
+        (a projector build step, a purge or retention step); its result.
+
+        Each failure is logged (`step_failing`) and `step` (what it is, for people) is listed as failing for
+        `relay status` until it succeeds; the next try waits RETRY_FIRST_SECONDS, then twice as long after
+        each failure in a row, up to RETRY_MAX_SECONDS, so a step that keeps failing costs the writer little.
+
+        Raises:
+            StoreFailed: the writer has failed.
+        """
+        delay, attempts = RETRY_FIRST_SECONDS, 0
+        while True:
+            try:
+                result = await self.run_job(job, *args)
+            except JobFailed as exc:
+                attempts += 1
+                log.warning("step_failing", step=step, attempts=attempts, retry_in_seconds=delay, error=str(exc))
+                self.failing.failed(step, str(exc), attempts, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_SECONDS)
+                continue
+            if attempts:
+                log.info("step_recovered", step=step, attempts=attempts)
+                self.failing.recovered(step)
+            return result
 
     async def _writer_loop(self) -> None:
         pending = self._pending
@@ -263,12 +322,16 @@ class Store:
             batch = self._take_batch()
             if len(pending) < self.options.writer_queue_size:
                 self._room.set()
+            # Writes first, then jobs: each entry is answered in this order, so on a fatal error the
+            # entries from `answered` on are those still waiting.
+            entries = [e for e in batch if isinstance(e[0], Write)] + [e for e in batch if not isinstance(e[0], Write)]
+            self._answered = 0
             try:
-                await self._write(batch)
-            except Exception as exc:
+                await self._write(entries)
+            except Exception as exc:  # only what `is_fatal` lets through: the database cannot be written
                 self._failure = exc
                 log.error("writer_failed", error=repr(exc))
-                self._fail_waiters(batch)
+                self._fail_waiters(entries[self._answered:])
                 raise StoreFailed(f"database write failed: {exc!r}") from exc
 
     def _take_batch(self) -> list:
@@ -285,34 +348,75 @@ class Store:
             batch.append(pending.popleft())
         return batch
 
-    async def _write(self, batch: list) -> None:
-        writes = [(w, done) for w, done in batch if isinstance(w, Write)]
-        jobs = [(w, done) for w, done in batch if not isinstance(w, Write)]
+    async def _write(self, entries: list) -> None:
+        """Apply `entries` (writes, then jobs), answering each in order; raise only what `is_fatal` says."""
+        writes = [e for e in entries if isinstance(e[0], Write)]
         if writes:
-            started = time.perf_counter()
-            outcomes, changes = await db.run(self._writer_conn, apply_batch, [w for w, _ in writes], self.hooks,
-                                             self.options.relay_urls)
-            self.on_batch(len(writes), time.perf_counter() - started)
-            # call_soon: a failing callback is logged by the loop and never stops the writer.
-            for (_, done), outcome in zip(writes, outcomes):
-                self._loop.call_soon(done, *outcome)
+            try:
+                await self._apply(writes)
+            except Exception as exc:
+                if is_fatal(exc):
+                    raise
+                # One event the transaction cannot take (a hook's bug, an unexpected value): find it by
+                # trying each event alone, so it is refused alone and the others are stored.
+                log.error("batch_failed", events=len(writes), error=repr(exc), exc_info=exc)
+                await db.run(self._writer_conn, db.rollback_open_transaction)
+                for write in writes:
+                    await self._apply_alone(write)
+        for job, done in entries[len(writes):]:
+            try:
+                changes, result = await db.run(self._writer_conn, job)
+            except Exception as exc:
+                if is_fatal(exc):
+                    raise
+                log.error("job_failed", job=_job_name(job), error=repr(exc), exc_info=exc)
+                await db.run(self._writer_conn, db.rollback_open_transaction)
+                self._answered += 1
+                done(None, JobFailed(f"{_job_name(job)}: {exc!r}"))
+                continue
             self._notify(changes)
-        for job, done in jobs:
-            changes, result = await db.run(self._writer_conn, job)
-            self._notify(changes)
-            done(result, "")
+            self._answered += 1
+            done(result, None)
+
+    async def _apply(self, writes: list) -> None:
+        """Apply `writes` in one transaction, then answer each after the COMMIT and tell the listeners."""
+        started = time.perf_counter()
+        outcomes, changes = await db.run(self._writer_conn, apply_batch, [w for w, _ in writes], self.hooks,
+                                         self.options.relay_urls)
+        self.on_batch(len(writes), time.perf_counter() - started)
+        # call_soon: a failing callback is logged by the loop and never stops the writer.
+        for (_, done), outcome in zip(writes, outcomes):
+            self._loop.call_soon(done, *outcome)
+        self._answered += len(writes)
+        self._notify(changes)
+
+    async def _apply_alone(self, write: tuple) -> None:
+        """`_apply` of one write; an event that still fails is refused alone with "error: internal" (logged)."""
+        try:
+            await self._apply([write])
+        except Exception as exc:
+            if is_fatal(exc):
+                raise
+            log.error("event_failed", event_id=write[0].event.id, error=repr(exc), exc_info=exc)
+            await db.run(self._writer_conn, db.rollback_open_transaction)
+            self._answered += 1
+            self._loop.call_soon(write[1], False, "error: internal")
 
     def _notify(self, changes: Changes) -> None:
         for listener in self._listeners:
             listener(changes)
 
-    def _fail_waiters(self, batch: list) -> None:
-        batch.extend(self._pending)
+    def _fail_waiters(self, unanswered: list) -> None:
+        unanswered.extend(self._pending)
         self._pending.clear()
         self._room.set()
         self._idle.set()
-        for _, done in batch:
-            self._loop.call_soon(done, False, "error: the relay cannot store events now")
+        message = "error: the relay cannot store events now"
+        for item, done in unanswered:
+            if isinstance(item, Write):
+                self._loop.call_soon(done, False, message)
+            else:
+                self._loop.call_soon(done, None, StoreFailed(message))
 
     async def _read(self, fn, *args):
         conn = await self._readers.get()
@@ -446,6 +550,23 @@ class Store:
             await self._readers.get_nowait().close()
         if self._writer_conn is not None:
             await self._writer_conn.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """A queued `run_job`: `job(conn, hooks, *args)` when called with the write connection."""
+
+    job: Callable
+    hooks: tuple
+    args: tuple
+
+    def __call__(self, conn: sqlite3.Connection) -> tuple[Changes, object]:
+        return self.job(conn, self.hooks, *self.args)
+
+
+def _job_name(job: _Job) -> str:
+    """What a failed job was, for the log and its caller: the function's qualified name."""
+    return getattr(job.job, "__qualname__", repr(job.job))
 
 
 def _compile_query(filters: list[Filter], default_limit: int, max_limit: int, private: PrivateKinds | None,

@@ -15,12 +15,12 @@ def _step_job(conn: sqlite3.Connection, hooks: object, build: Build) -> tuple[Ch
 
 
 async def build_in_background(store: Store, builds: list[Build]) -> None:
-    """Run `builds` to the end, one step per writer job (`Store.run_job`): the client writes queued while a step
-    runs commit before the next one.
+    """Run `builds` to the end, one step per writer job (`Store.run_retried`: a failing step is tried again with
+    back-off, and listed by `relay status`): the client writes queued while a step runs commit before the next one.
 
     Raises:
         StoreFailed: the writer failed (the relay stops).
     """
     for build in builds:
-        while not await store.run_job(_step_job, build):
+        while not await store.run_retried(f"build of projector {build.target.name}", _step_job, build):
             pass
