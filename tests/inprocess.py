@@ -7,6 +7,9 @@ is then in the workers, out of reach, and such tests fail.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from relay.config import Config
 from relay.node import Node
 from tests.served import TEST_WORKERS
@@ -49,3 +52,14 @@ class Relay:
                 return getattr(self.processes, name)
             return getattr(self.node, name)
         return getattr(self.node.server, name)
+
+
+@asynccontextmanager
+async def running(config: Config) -> AsyncIterator[Relay]:
+    """A started in-process relay of `config`, stopped on leaving."""
+    relay = Relay(config)
+    await relay.start()
+    try:
+        yield relay
+    finally:
+        await relay.stop()

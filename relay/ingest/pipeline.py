@@ -12,7 +12,8 @@ dropped, as the source says.  Between the signature and the writer, NIP-70
 `[[policies]]` listing the source (policies.py): a shadow-reject from a
 client is answered `OK true` and goes nowhere; a peer's event that a policy
 refuses is recorded as settled (relay/store/refused.py), so sync does not
-fetch it again.  `done(outcome)` runs once: at once for a refusal, after the
+fetch it again, and every refusal sent as one goes to the short log the
+status page shows.  `done(outcome)` runs once: at once for a refusal, after the
 COMMIT for a stored event.  A client's EVENT costs callbacks only, no task
 (unless a policy awaits); `accept_many` runs a batch (sync, import) through
 the same steps and awaits its outcomes.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 
@@ -81,7 +83,9 @@ class Ingest:
         self.moderation = moderation  # bans and the kinds of config and database together (moderation.py)
         self.policies = policies or Policies()
         self.nip70_peers = nip70_peers
-        self._refused: list[tuple[bytes, str]] = []  # peers' events refused by a policy, to record
+        self._refused: list[tuple[bytes, str]] = []  # peers' events refused by a policy, to record as settled
+        # policy refusals to log for people (refused.py), as many as the log keeps
+        self._logged: deque[tuple[str, int, str, str, str]] = deque(maxlen=refused.LOG_ROWS)
         # The last stage, after NIP-70: the policies and the writer queue here (`take_verified`); in a worker
         # process, the local channel to the writer process, which runs `take_verified` (relay/channel/).
         self.sink: Callable[[Event, Source, Done], None] = self.take_verified
@@ -206,22 +210,28 @@ class Ingest:
             done(SHADOW_REJECTED)  # DESIGN.md invariant 1's one exception: OK true, nothing stored, no fan-out
         else:
             outcome = Outcome.parse(False, verdict.message if verdict.action == "reject" else SHADOW_ELSEWHERE)
-            if source.origin and outcome.prefix != "error":
-                outcome = dataclasses.replace(outcome, settles=True)
-                self._record_refused(event, source.origin)
+            if outcome.prefix != "error":  # a policy's failure is the relay's, not the event's
+                if source.origin:
+                    outcome = dataclasses.replace(outcome, settles=True)
+                self._record_refused(event, source, verdict.policy, outcome)
             done(outcome)
 
-    def _record_refused(self, event: Event, origin: str) -> None:
-        """Queue `event`'s id as settled for peer sync (relay/store/refused.py); one writer job at a time."""
-        self._refused.append((bytes.fromhex(event.id), origin))
+    def _record_refused(self, event: Event, source: Source, policy: str, outcome: Outcome) -> None:
+        """Queue the refusal for the log, and a peer's event's id as settled for peer sync
+        (relay/store/refused.py); one writer job at a time."""
+        self._logged.append((event.id, event.kind, source.name, policy, outcome.message))
+        if outcome.settles:
+            self._refused.append((bytes.fromhex(event.id), source.origin))
         if self._recording is None:
             self._recording = asyncio.ensure_future(self._record_all())
 
     async def _record_all(self) -> None:
         try:
-            while self._refused:
+            while self._refused or self._logged:
                 batch, self._refused = self._refused, []
-                await self.store.run_job(refused.record, batch, int(time.time()))
+                logged = list(self._logged)
+                self._logged.clear()
+                await self.store.run_job(refused.record, batch, int(time.time()), refused.MAX_ROWS, logged)
         except Exception as exc:  # a failed writer stops the relay elsewhere; the ids are fetched again later
             log.error("policy_refusals_not_recorded", error=repr(exc))
         finally:

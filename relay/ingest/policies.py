@@ -141,17 +141,20 @@ class Policies:
             return self._failed(policy, exc, event)
 
     def _checked(self, policy: Policy, verdict: object, seconds: float, event: Event) -> Verdict:
-        """`verdict` once it is one, its message cut to MAX_MESSAGE_CHARS; raises TypeError otherwise.  A
+        """`verdict` once it is one (a refusal's message cut to MAX_MESSAGE_CHARS, naming `policy`); raises
+        TypeError otherwise.  A
         synchronous policy cannot be stopped: past its budget, its verdict is dropped and the event refused."""
         if type(verdict) is not Verdict or verdict.action not in ACTIONS:
             raise TypeError(f"a policy must return a relay.policies.Verdict, got {verdict!r:.200}")
-        if len(verdict.message) > MAX_MESSAGE_CHARS:
-            verdict = Verdict(verdict.action, verdict.message[:MAX_MESSAGE_CHARS - 1] + "…")
         if seconds > policy.timeout_seconds:
             return self._overrun(policy, event)
-        if verdict.action != "accept":
-            self.counts[policy.name]["rejected" if verdict.action == "reject" else "shadow_rejected"] += 1
-        return verdict
+        if verdict.action == "accept":
+            return verdict
+        self.counts[policy.name]["rejected" if verdict.action == "reject" else "shadow_rejected"] += 1
+        message = verdict.message
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[:MAX_MESSAGE_CHARS - 1] + "…"
+        return Verdict(verdict.action, message, policy.name)
 
     def _overrun(self, policy: Policy, event: Event) -> Verdict:
         self.counts[policy.name]["overruns"] += 1

@@ -27,10 +27,12 @@ from relay.protocol.rejection import PREFIXES
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """A policy's decision: `action` is "accept", "reject" or "shadowReject" (strfry's words); `message` is the
-    OK message of a rejection, always with a NIP-01 prefix."""
+    OK message of a rejection, always with a NIP-01 prefix; `policy`, the name of the `[[policies]]` entry
+    that refused (set by the relay, not by a policy)."""
 
     action: str
     message: str = ""
+    policy: str = ""
 
 
 ACCEPT = Verdict("accept")

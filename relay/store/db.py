@@ -57,6 +57,18 @@ def rollback_open_transaction(conn: sqlite3.Connection) -> None:
         conn.execute("ROLLBACK")
 
 
+def append_bounded(cur: sqlite3.Cursor, table: str, columns: tuple[str, ...], rows: list[tuple],
+                   max_rows: int) -> None:
+    """Append `rows` (values of `columns`) to the log `table`, whose `seq INTEGER PRIMARY KEY` orders it, and
+    drop all but its newest `max_rows` rows.  A row equal to an older one on a UNIQUE column replaces it, as the
+    newest.  `table` and `columns` are this package's names (not quoted)."""
+    if not rows:
+        return
+    cur.executemany(f"INSERT OR REPLACE INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+                    rows)
+    cur.execute(f"DELETE FROM {table} WHERE seq <= (SELECT max(seq) FROM {table}) - ?", (max_rows,))
+
+
 @contextmanager
 def read_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """BEGIN ... ROLLBACK on an autocommit connection: one snapshot for every statement inside (it only reads)."""

@@ -9,30 +9,18 @@ import json
 import random
 import urllib.error
 import urllib.parse
-from contextlib import asynccontextmanager
 
 from relay.store.projectors import ProjectorSpec
 from relay.store.records import RecordQueryError
 from tests.conftest import make_config
 from tests.helpers import Keys, store_events
-from tests.inprocess import Relay
+from tests.inprocess import running
 from tests.served import http_get
 
 DMS = ProjectorSpec(table="dms", kind=4, primary_key=("id",), indexes=(("recipient",),),
                     fields=({"name": "id", "type": "TEXT", "source": "id"},
                             {"name": "recipient", "type": "TEXT", "source": "tag:p"},
                             {"name": "body", "type": "TEXT", "source": "content"}))
-
-
-@asynccontextmanager
-async def _running(config):
-    """A started in-process relay of `config`, stopped on exit."""
-    relay = Relay(config)
-    await relay.start()
-    try:
-        yield relay
-    finally:
-        await relay.stop()
 
 
 def _config(tmp_path, **sections):
@@ -56,7 +44,7 @@ def _profile(keys: Keys, nip05: str, created_at: int) -> dict:
 
 async def test_tables_lists_columns_key_and_indexes_without_private_kinds(tmp_path):
     """GET /tables names each projected table with its columns, key and indexes; a private kind's table is absent."""
-    async with _running(_config(tmp_path)) as relay:
+    async with running(_config(tmp_path)) as relay:
         status, headers, raw = await asyncio.to_thread(http_get, relay.port, "/tables", {"Origin": "https://app"}, 5.0)
         assert status == 200 and headers["Access-Control-Allow-Origin"] == "*"  # CORS as NIP-11's
         assert headers["Content-Type"] == "application/json"
@@ -74,7 +62,7 @@ async def test_tables_lists_columns_key_and_indexes_without_private_kinds(tmp_pa
 
 async def test_cors_preflight_for_a_table_names_get(tmp_path):
     """A browser's preflight (OPTIONS with Access-Control-Request-Method) for /tables/NAME is answered 204, GET."""
-    async with _running(_config(tmp_path)) as relay:
+    async with running(_config(tmp_path)) as relay:
         reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
         writer.write(b"OPTIONS /tables/profiles?pubkey=x HTTP/1.1\r\nHost: h\r\nOrigin: https://app\r\n"
                      b"Access-Control-Request-Method: GET\r\n\r\n")
@@ -85,7 +73,7 @@ async def test_cors_preflight_for_a_table_names_get(tmp_path):
 
 async def test_tables_are_off_by_default(tmp_path):
     """Without `[http] tables = true`, /tables is no route (404 off the relay's endpoint)."""
-    async with _running(make_config(tmp_path)) as relay:
+    async with running(make_config(tmp_path)) as relay:
         with_error = await asyncio.to_thread(_status_of, relay.port, "/tables")
         assert with_error == 404
 
@@ -99,7 +87,7 @@ def _status_of(port: int, path: str) -> int:
 
 async def test_bad_parameters_are_refused_naming_the_parameter(tmp_path):
     """Unknown or unindexed columns, an unindexed order, a bad limit or cursor: 400 with the parameter named."""
-    async with _running(_config(tmp_path)) as relay:
+    async with running(_config(tmp_path)) as relay:
         for query, parameter in (("name=n", "name"), ("nope=1", "nope"), ("order_by=about", "order_by"),
                                  ("order_by=nope", "order_by"), ("limit=0", "limit"), ("limit=x", "limit"),
                                  ("after=%21%21", "after"), ("after=WzFd", "after"), ("pubkey=a&pubkey=b", "pubkey"),
@@ -116,7 +104,7 @@ async def test_bad_parameters_are_refused_naming_the_parameter(tmp_path):
 
 async def test_key_lookup_and_clamped_limit(tmp_path):
     """A key lookup answers that row; a limit past tables_max_limit is clamped to it; Python's get_record agrees."""
-    async with _running(_config(tmp_path)) as relay:
+    async with running(_config(tmp_path)) as relay:
         author = Keys(7)
         follows = [Keys(100 + i).pubkey for i in range(60)]
         await store_events(relay.store, [author.sign(3, "", [["p", p] for p in follows])])
@@ -137,7 +125,7 @@ async def test_key_lookup_and_clamped_limit(tmp_path):
 async def test_pages_joined_hold_every_unchanged_row_once_in_order_while_rows_are_written(tmp_path):
     """Walking /tables/profiles by nip05 while profiles are added and changed: every row unchanged during the
     walk comes exactly once, the pages are in (nip05, pubkey) order, a changed row at most once per version."""
-    async with _running(_config(tmp_path)) as relay:
+    async with running(_config(tmp_path)) as relay:
         rng = random.Random(19)
         authors = [Keys(1000 + i) for i in range(300)]
         start = 1_700_000_000
@@ -178,7 +166,7 @@ async def test_pages_joined_hold_every_unchanged_row_once_in_order_while_rows_ar
 
 async def test_table_reads_are_rate_limited_like_req(tmp_path):
     """A client IP past its REQ bucket gets 429 with a `rate-limited:` error."""
-    async with _running(_config(tmp_path, rate_limits={"exempt": [], "exempt_loopback": False, "ip_reqs_per_second": 0.01,
+    async with running(_config(tmp_path, rate_limits={"exempt": [], "exempt_loopback": False, "ip_reqs_per_second": 0.01,
                                                  "ip_reqs_burst": 3})) as relay:
         statuses = [(await _get(relay, "/tables/profiles"))[0] for _ in range(3)]
         status, body = await _get(relay, "/tables")

@@ -22,6 +22,7 @@ from importlib import resources
 
 import orjson
 
+from relay.store.db import append_bounded
 from relay.store.projectors.spec import RESERVED_COLUMNS, ProjectorSpec
 
 META_PREFIX = "projector:"
@@ -169,12 +170,8 @@ def record_refusals(cur: sqlite3.Cursor, refusals: list[tuple[str, str, str]], n
 
     A later refusal of the same event by the same projector replaces the earlier one.
     """
-    if not refusals:
-        return
-    cur.executemany("INSERT OR REPLACE INTO projector_refusals (projector, event_id, reason, at) VALUES (?, ?, ?, ?)",
-                    [(p, e, r, now) for p, e, r in refusals])
-    cur.execute("DELETE FROM projector_refusals WHERE seq <= (SELECT max(seq) FROM projector_refusals) - ?",
-                (max_kept,))
+    append_bounded(cur, "projector_refusals", ("projector", "event_id", "reason", "at"),
+                   [(p, e, r, now) for p, e, r in refusals], max_kept)
 
 
 def dump_table(conn: sqlite3.Connection | sqlite3.Cursor, table: str, columns: Iterable[str],
