@@ -16,10 +16,10 @@ import asyncio
 import json
 import os
 import sys
-from pathlib import Path
 
 import structlog
 
+from relay import arguments as types
 from relay.config import Config, ConfigError, load_config
 from relay.logging import configure_logging
 from relay.store.location import DatabaseUnusable
@@ -36,9 +36,9 @@ def _common(defaults: bool) -> argparse.ArgumentParser:
     otherwise overwrite it with the default."""
     common = argparse.ArgumentParser(add_help=False)
     unset = {} if defaults else {"default": argparse.SUPPRESS}
-    common.add_argument("--config", type=Path, **({"default": os.environ.get(CONFIG_ENV) or None} | unset),
+    common.add_argument("--config", type=types.path, **({"default": os.environ.get(CONFIG_ENV) or None} | unset),
                         help=f"TOML configuration file (default: ${CONFIG_ENV} if set, else built-in defaults)")
-    common.add_argument("--db", **unset, help="SQLite database file (default: data/relay.db)")
+    common.add_argument("--db", type=types.database, **unset, help="SQLite database file (default: data/relay.db)")
     return common
 
 
@@ -47,38 +47,38 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relay", description="A Nostr relay on SQLite.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", parents=[common], help="run the relay")
-    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="TCP port (default 7777; 0 picks a free one)")
-    serve.add_argument("--workers", help='worker processes ("auto", the default: one per CPU, at most 8; 0: one process)')
+    serve.add_argument("--host", type=types.host, help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=types.port_number, help="TCP port (default 7777; 0 picks a free one)")
+    serve.add_argument("--workers", type=types.text, help='worker processes ("auto", the default: one per CPU, at most 8; 0: one process)')
     imp = commands.add_parser("import", parents=[common], help="validate and store events from a JSONL file")
-    imp.add_argument("file", type=Path, help="JSONL file, one event object per line ('-' for stdin)")
-    imp.add_argument("--rejects", type=Path, help="write each rejected line to this file as JSON lines "
+    imp.add_argument("file", type=types.input_file, help="JSONL file, one event object per line ('-' for stdin)")
+    imp.add_argument("--rejects", type=types.output_file, help="write each rejected line to this file as JSON lines "
                      '({"line", "id", "reason", "text"})')
     exp = commands.add_parser("export", parents=[common], help="write stored events as JSONL")
-    exp.add_argument("--filter", default="{}", help="a NIP-01 filter as JSON; its limit, if any, applies (default: every event)")
-    exp.add_argument("--output", "-o", type=Path, help="file to write (default: stdout)")
+    exp.add_argument("--filter", type=types.nip01_filter, default="{}", help="a NIP-01 filter as JSON; its limit, if any, applies (default: every event)")
+    exp.add_argument("--output", "-o", type=types.output_file, help="file to write (default: stdout)")
     sync = commands.add_parser("sync", parents=[common], help="reconcile with another relay over NIP-77, once")
-    sync.add_argument("url", help="the peer relay's ws:// or wss:// URL")
-    sync.add_argument("--filter", default="{}", help="a NIP-01 filter as JSON, without limit (default: every event)")
+    sync.add_argument("url", type=types.ws_url, help="the peer relay's ws:// or wss:// URL")
+    sync.add_argument("--filter", type=types.sync_filter, default="{}", help="a NIP-01 filter as JSON, without limit (default: every event)")
     sync.add_argument("--dir", dest="direction", default="both", choices=("down", "up", "both"),
                       help="down: fetch what we lack; up: send what the peer lacks; both (default)")
-    sync.add_argument("--frame-size", type=int, help="bytes per negentropy message (default: sync.frame_size_limit)")
+    sync.add_argument("--frame-size", type=types.frame_size, help="bytes per negentropy message (default: sync.frame_size_limit)")
     status = commands.add_parser("status", parents=[common], help="database size, events by kind, sync peers")
     status.add_argument("--json", action="store_true", help="print JSON for scripts")
     changes = commands.add_parser("changes", parents=[common], help="print the change feed (every insertion and "
                                   "removal, in commit order) as JSON lines")
-    changes.add_argument("--since", type=_cursor, metavar="CURSOR",
+    changes.add_argument("--since", type=types.cursor, metavar="CURSOR",
                          help="print the changes after this cursor (default: the oldest kept)")
     changes.add_argument("--follow", action="store_true", help="keep printing new changes until interrupted")
     only = changes.add_mutually_exclusive_group()
-    only.add_argument("--kinds", type=_kinds, metavar="K,...", help="only changes of these event kinds")
-    only.add_argument("--table", metavar="NAME", help="the rows of this projected table inserted, replaced and "
+    only.add_argument("--kinds", type=types.kinds, metavar="K,...", help="only changes of these event kinds")
+    only.add_argument("--table", type=types.text, metavar="NAME", help="the rows of this projected table inserted, replaced and "
                       "removed instead (one of [store] row_change_tables)")
     key = commands.add_parser("key", parents=[common], help="print a node's pubkey (--file: creating that key file if absent)")
-    key.add_argument("--file", type=Path, help="the key file (default: sync.secret_key_file, else sync.key beside the db)")
+    key.add_argument("--file", type=types.key_file, help="the key file (default: sync.secret_key_file, else sync.key beside the db)")
     backup = commands.add_parser("backup", parents=[common], help="write a consistent copy of the database "
                                  "(while the relay serves)")
-    backup.add_argument("path", type=Path, help="the copy's file name; must not exist")
+    backup.add_argument("path", type=types.output_file, help="the copy's file name; must not exist")
     _projector_parsers(commands, common)
     _ban_parsers(commands, common)
     _record_parsers(commands, common)
@@ -92,31 +92,23 @@ def _record_parsers(commands, common: argparse.ArgumentParser) -> None:
     actions = record.add_subparsers(dest="action", required=True)
     inner = _common(defaults=False)
     put = actions.add_parser("put", parents=[inner], help="sign the row into an event and store it")
-    put.add_argument("table", help="a declared projector's table, e.g. profiles")
-    put.add_argument("--row", type=_json_row, required=True, help="the row as a JSON object (a list of them for a "
+    put.add_argument("table", type=types.text, help="a declared projector's table, e.g. profiles")
+    put.add_argument("--row", type=types.json_row, required=True, help="the row as a JSON object (a list of them for a "
                      "table with one row per tag, e.g. follows: the whole set)")
-    put.add_argument("--key", type=Path, help="sign with the secret key in this file (default: the node key)")
-    put.add_argument("--created-at", type=_unix_seconds, help="the event's created_at (default: reserved per coordinate)")
+    put.add_argument("--key", type=types.path, help="sign with the secret key in this file (default: the node key)")
+    put.add_argument("--created-at", type=types.unix_seconds, help="the event's created_at (default: reserved per coordinate)")
     put.add_argument("--no-wait", dest="wait", action="store_false",
                      help="exit 3 (rate-limited) instead of waiting when writes to one row come too fast")
     delete = actions.add_parser("delete", parents=[inner], help="delete the row's event (NIP-09)")
-    delete.add_argument("table", help="a declared projector's table")
-    delete.add_argument("--pk", type=_json_object, required=True, help="the event's key columns as a JSON object")
-    delete.add_argument("--key", type=Path, help="sign with the secret key in this file (default: the node key)")
-    delete.add_argument("--reason", default="", help="the deletion's content")
+    delete.add_argument("table", type=types.text, help="a declared projector's table")
+    delete.add_argument("--pk", type=types.json_object, required=True, help="the event's key columns as a JSON object")
+    delete.add_argument("--key", type=types.path, help="sign with the secret key in this file (default: the node key)")
+    delete.add_argument("--reason", type=types.text, default="", help="the deletion's content")
     get = actions.add_parser("get", parents=[inner], help="print the row whose key is --pk as JSON")
-    get.add_argument("table", help="a declared projector's table")
-    get.add_argument("--pk", type=_json_object, required=True, help="the key columns as a JSON object")
+    get.add_argument("table", type=types.text, help="a declared projector's table")
+    get.add_argument("--pk", type=types.json_object, required=True, help="the key columns as a JSON object")
 
 
-def _json_row(text: str) -> dict | list:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if type(value) not in (dict, list):
-        raise argparse.ArgumentTypeError(f"expected a JSON object (or a list of them), got {text!r}")
-    return value
 
 
 def _ban_parsers(commands, common: argparse.ArgumentParser) -> None:
@@ -125,44 +117,28 @@ def _ban_parsers(commands, common: argparse.ArgumentParser) -> None:
                               "IP (NIP-86's banevent, banpubkey, blockip); a running relay applies it within "
                               "admin.refresh_seconds")
     ban.add_argument("what", choices=("event", "pubkey", "ip"))
-    ban.add_argument("item", help="the 64-hex event id or pubkey, or the IP address or network")
-    ban.add_argument("--reason", default="", help="why (shown by `relay bans` and NIP-86's lists)")
+    ban.add_argument("item", action=_BanItem, help="the event id or pubkey (64 hex, or note1... / npub1...), or "
+                     "the IP address or network")
+    ban.add_argument("--reason", type=types.text, default="", help="why (shown by `relay bans` and NIP-86's lists)")
     ban.add_argument("--purge", action="store_true", help="pubkey: remove its stored events too, in batches")
     unban = commands.add_parser("unban", parents=[common], help="lift a ban on an event or pubkey, or unblock an IP")
     unban.add_argument("what", choices=("event", "pubkey", "ip"))
-    unban.add_argument("item", help="the 64-hex event id or pubkey, or the IP address or network")
+    unban.add_argument("item", action=_BanItem, help="the event id or pubkey (64 hex, or note1... / npub1...), "
+                       "or the IP address or network")
     bans = commands.add_parser("bans", parents=[common], help="banned pubkeys and events, blocked IPs, kind rules")
     bans.add_argument("--json", action="store_true", help="print JSON for scripts")
 
 
-MAX_CURSOR = 2**63 - 1
-"""The largest cursor: change-feed cursors are SQLite INTEGERs (signed 64-bit)."""
 
+class _BanItem(argparse.Action):
+    """`ban|unban WHAT ITEM`: ITEM of the type WHAT names (relay.arguments.BAN_ITEMS); argparse has read WHAT, the
+    positional before it, by then."""
 
-def _whole_number(text: str, what: str) -> int:
-    # SQLite binds an integer as a signed 64-bit INTEGER: a larger one would fail there, unnamed
-    if not text.isascii() or not text.isdigit() or int(text) > MAX_CURSOR:
-        raise argparse.ArgumentTypeError(f"{what} is a whole number 0..{MAX_CURSOR}, got {text!r}")
-    return int(text)
-
-
-def _cursor(text: str) -> int:
-    return _whole_number(text, "a cursor")
-
-
-def _unix_seconds(text: str) -> int:
-    return _whole_number(text, "created_at (unix seconds)")
-
-
-def _row_limit(text: str) -> int:
-    return _whole_number(text, "a limit")
-
-
-def _kinds(text: str) -> frozenset[int]:
-    parts = text.split(",")
-    if not all(p.isdigit() and int(p) <= 65535 for p in parts):
-        raise argparse.ArgumentTypeError(f"kinds are comma-separated numbers 0..65535, got {text!r}")
-    return frozenset(map(int, parts))
+    def __call__(self, parser, namespace, value, option_string=None) -> None:
+        try:
+            setattr(namespace, self.dest, types.BAN_ITEMS[namespace.what](value))
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentError(self, str(exc)) from None
 
 
 def _projector_parsers(commands, common: argparse.ArgumentParser) -> None:
@@ -174,21 +150,21 @@ def _projector_parsers(commands, common: argparse.ArgumentParser) -> None:
     inner = _common(defaults=False)
     actions.add_parser("list", parents=[inner], help="projectors with kind, revision, state, rows, refusals")
     rebuild = actions.add_parser("rebuild", parents=[inner], help="recompute one projector's tables now")
-    rebuild.add_argument("name", help="the projector (table) name")
+    rebuild.add_argument("name", type=types.text, help="the projector (table) name")
     refusals = actions.add_parser("refusals", parents=[inner], help="events stored but not projected, newest first")
-    refusals.add_argument("--projector", help="only this projector's refusals")
-    refusals.add_argument("--limit", type=_row_limit, default=100, help="rows to show (default 100)")
+    refusals.add_argument("--projector", type=types.text, help="only this projector's refusals")
+    refusals.add_argument("--limit", type=types.row_limit, default=100, help="rows to show (default 100)")
     refusals.add_argument("--json", action="store_true", help="one JSON object per line")
     query = commands.add_parser("query", parents=[common], help="print the rows of a projected table")
-    query.add_argument("table", help="a projected table, e.g. profiles")
-    query.add_argument("--where", help="an SQL condition, e.g. \"name LIKE 'a%%'\" (read-only connection)")
-    query.add_argument("--limit", type=_row_limit, help="rows to print at most (default: all)")
-    query.add_argument("--pk", type=_json_object, help="the row whose key is this JSON object, e.g. "
+    query.add_argument("table", type=types.text, help="a projected table, e.g. profiles")
+    query.add_argument("--where", type=types.sql, help="an SQL condition, e.g. \"name LIKE 'a%%'\" (read-only connection)")
+    query.add_argument("--limit", type=types.row_limit, help="rows to print at most (default: all)")
+    query.add_argument("--pk", type=types.json_object, help="the row whose key is this JSON object, e.g. "
                        "'{\"pubkey\": \"ab...\"}' (a declared projector's table)")
-    query.add_argument("--param", action="append", type=_param, default=[], metavar="COL=VALUE",
+    query.add_argument("--param", action="append", type=types.param, default=[], metavar="COL=VALUE",
                        help="rows whose key or indexed column COL equals VALUE (repeatable; bound, not SQL)")
-    query.add_argument("--order-by", metavar="COL", help="order by this key or indexed column, then the key")
-    query.add_argument("--after", metavar="CURSOR", help="the page after this cursor (printed on stderr by the "
+    query.add_argument("--order-by", type=types.text, metavar="COL", help="order by this key or indexed column, then the key")
+    query.add_argument("--after", type=types.query_cursor, metavar="CURSOR", help="the page after this cursor (printed on stderr by the "
                        "previous page when --limit cut it)")
     shape = query.add_mutually_exclusive_group()
     shape.add_argument("--json", dest="output", action="store_const", const="json",
@@ -197,21 +173,8 @@ def _projector_parsers(commands, common: argparse.ArgumentParser) -> None:
     query.set_defaults(output="tsv")
 
 
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if type(value) is not dict:
-        raise argparse.ArgumentTypeError(f"expected a JSON object of key columns, got {text!r}")
-    return value
 
 
-def _param(text: str) -> tuple[str, str]:
-    column, sep, value = text.partition("=")
-    if not sep or not column:
-        raise argparse.ArgumentTypeError(f"expected COL=VALUE, got {text!r}")
-    return column, value
 
 
 def _keyset(args: argparse.Namespace):
@@ -328,8 +291,15 @@ async def _run_ban_command(config: Config, args: argparse.Namespace) -> int:
     return await bans.run_bans(config, args.json)
 
 
+def _fits_integer(value: str) -> bool:
+    """False for an integer literal that SQLite cannot bind (past signed 64 bits); True for any other text."""
+    digits = value.removeprefix("-")
+    return not (value.isascii() and digits.isdecimal()) or len(digits) <= 19 and -2**63 <= int(value) < 2**63
+
+
 def _run_projector_command(config: Config, args: argparse.Namespace) -> int:
     from relay.commands import projectors as pc
+    from relay.store.records import views
 
     if args.command == "verify":
         return pc.run_verify(config)
@@ -340,11 +310,16 @@ def _run_projector_command(config: Config, args: argparse.Namespace) -> int:
                   "together", file=sys.stderr)
             return 2
         seen: set[str] = set()
-        for column, _ in args.param:  # as GET /tables refuses `?col=a&col=b`: an equality holds one value
+        view = views(config.projectors).get(args.table)
+        for column, value in args.param:  # as GET /tables refuses `?col=a&col=b`: an equality holds one value
             if column in seen:
                 print(f"relay query: {column}: given twice", file=sys.stderr)
                 return 2
             seen.add(column)
+            if view is not None and view.columns.get(column) == "INTEGER" and not _fits_integer(value):
+                print(f"relay query: {column}: {value} is out of range for an INTEGER column (-2^63..2^63-1)",
+                      file=sys.stderr)
+                return 2
         return pc.run_query(config, args.table, args.where, args.output, args.limit, keyset)
     if args.action == "list":
         return pc.run_projectors_list(config)

@@ -204,11 +204,11 @@ def test_export_search_filter_exports_matches_and_is_refused_with_search_disable
 
 @pytest.mark.parametrize("bad", ["not json", '{"kinds":"x"}'])
 def test_export_bad_filter_exits_2(tmp_path, bad):
-    """A malformed `--filter` stops export with exit code 2 and a "bad --filter" message, writing nothing."""
+    """A malformed `--filter` stops export with exit code 2, a message naming --filter, writing nothing."""
     db = tmp_path / "x.db"
     result = relay_cli("export", "--db", db, "--filter", bad)
     assert result.returncode == 2
-    assert "bad --filter" in result.stderr
+    assert "argument --filter: " in result.stderr
     assert result.stdout == ""
     assert not db.exists()
 

@@ -25,7 +25,7 @@ LAYERS: list[set[str]] = [
     {"ingest"},
     {"server", "sync", "channel"},
     {"node", "worker", "supervisor", "metrics", "retention", "hooks", "status", "status_page", "locks"},
-    {"commands", "cli", "__main__"},
+    {"commands", "cli", "arguments", "__main__"},
 ]
 APART = [{"server", "sync"}, {"server", "channel"}, {"sync", "channel"}]  # same layer, yet neither may import the other
 

@@ -99,7 +99,7 @@ async def test_a_created_at_too_far_ahead_exits_3_and_later_puts_go_through(tmp_
 async def test_a_lone_surrogate_exits_2_naming_the_field(tmp_path):
     """A row holding a lone surrogate is refused naming its column (exit 2), not a traceback."""
     code, _, err = await _cli(tmp_path / "relay.db", "put", "profiles", "--row", '{"name": "\\ud800"}')
-    assert code == 2 and "relay record: name: " in err and "Traceback" not in err
+    assert code == 2 and "argument --row: name: " in err and "Traceback" not in err
 
 
 async def test_a_negative_created_at_is_named_as_created_at(tmp_path):
