@@ -157,7 +157,8 @@ class TableView:
         for column, value in zip(order, values):
             # a NULL only where a non-key column leads the order; else each value of its column's type
             if value is None and (column in self.key or column != order[0]) or value is not None and type(value) not in \
-                    {"TEXT": (str,), "INTEGER": (int,), "REAL": (int, float)}[self.columns[column]]:
+                    {"TEXT": (str,), "INTEGER": (int,), "REAL": (int, float)}[self.columns[column]] \
+                    or type(value) is int and not _fits_sqlite(value):
                 raise RecordQueryError("after", "not a cursor of this table and order")
         return values
 
@@ -315,7 +316,14 @@ def _typed(column: str, type_: str, value: object) -> object:
             raise RecordQueryError(column, f"expected an integer, got {value!r}")
     if type_ == "INTEGER" and type(value) is not int or type_ == "REAL" and type(value) not in (int, float):
         raise RecordQueryError(column, f"expected {type_.lower()}, got {value!r}")
+    if type(value) is int and not _fits_sqlite(value):
+        raise RecordQueryError(column, f"{value} is outside SQLite's 64-bit integers")
     return value
+
+
+def _fits_sqlite(value: int) -> bool:
+    """Whether SQLite can bind `value` (a signed 64-bit INTEGER; Python raises OverflowError past it)."""
+    return -2**63 <= value < 2**63
 
 
 __all__ = ["DEFAULT_LIMIT", "Page", "RecordQueryError", "Records", "TableBuilding", "TableView", "decode_cursor", "encode_cursor",
