@@ -175,7 +175,8 @@ class ChannelServer:
         answer: dict = {"type": "job_done", "id": request}
         try:
             job, args = frames.unpack(packed)
-            answer["result"] = frames.pack(await self.ingest.store.run_job(job, *args))
+            refused = self.ingest.moderation and self.ingest.moderation.refusal(job, args)  # this relay's config
+            answer["result"] = frames.pack(refused or await self.ingest.store.run_job(job, *args))
         except Exception as exc:  # the job's failure is the caller's answer (StoreFailed there)
             answer["error"] = repr(exc)
         if self.ingest.moderation is not None:
