@@ -259,8 +259,6 @@ def _main(argv: list[str] | None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     try:
         config = _config(args)
-        if args.command == "serve":
-            check_database_path(config, create=True)  # a mistyped --db is not a new folder (the default's data/ is)
         if args.command in ("serve", "import", "sync", "record") and getattr(args, "action", "") != "get":
             # the commands that take events (`record get` only reads): their policies must load
             from relay.ingest.policies import Policies
@@ -276,6 +274,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         "config_loaded", file=str(args.config) if args.config else "built-in defaults")
     if args.command == "serve":
         import uvloop
+
+        try:
+            check_database_path(config, create=True)  # a mistyped --db is not a new folder (the default's data/ is)
+        except DatabaseUnusable as exc:  # in the daemon's log, as node.py says a path it cannot use
+            log.error("database_unusable", path=exc.path, error=exc.reason)
+            return 2
 
         from relay.supervisor import serve
 

@@ -46,8 +46,9 @@ def test_serve_refuses_a_missing_folder_for_a_given_database(tmp_path):
     """`relay serve --db DIR/relay.db` with DIR missing exits 2 in one line naming it, and creates no DIR."""
     db = tmp_path / "typo" / "relay.db"
     result = relay_cli("serve", "--db", db, "--port", "0")
-    err = _one_line(result, 2)
-    assert str(db) in err and "no such directory" in err, err
+    errors = [json.loads(line) for line in result.stderr.splitlines() if '"error"' in line]
+    assert result.returncode == 2 and [e["event"] for e in errors] == ["database_unusable"], result
+    assert errors[0]["path"] == str(db) and "no such directory" in errors[0]["error"], errors
     assert not (tmp_path / "typo").exists()
 
 

@@ -67,7 +67,7 @@ def _wrong_places(place: Path) -> dict[str, tuple[Path, str]]:
     return {
         "directory": (mine, "is a directory"),
         "unwritable directory": (theirs / "relay.db", "directory is not writable by uid 10001"),
-        "missing parent of an unwritable directory": (theirs / "sub" / "relay.db", "directory cannot be created"),
+        "missing parent of an unwritable directory": (theirs / "sub" / "relay.db", f"no such directory {theirs}/sub"),
         "another user's database": (other_owner, "other.db is not readable and writable by uid 10001"),
         "mode 444": (read_only, "readonly.db is not readable and writable by uid 10001 (owner uid 10001, mode 0444)"),
     }
