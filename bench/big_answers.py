@@ -86,7 +86,7 @@ def main() -> int:
     big.write_bytes(b"".join(orjson.dumps(keys.sign(content="x" * args.content_bytes, created_at=now - 1000 + i))
                              + b"\n" for i in range(args.big)))
     for source in (REAL, big):
-        subprocess.run([str(common.REPO / ".venv" / "bin" / "relay"), "import", str(source), "--db",
+        subprocess.run([str(common.REPO / ".venv" / "bin" / "relay"), "import", "--create", str(source), "--db",
                                str(srv.cwd / "relay.db")], cwd=common.REPO, capture_output=True, check=True)
     srv.start()
     try:

@@ -140,7 +140,7 @@ def run_import(jsonl: Path, db: Path, enabled: bool = True) -> dict:
                RELAY_LIMITS__MAX_CREATED_AT_FUTURE_SECONDS=str(FUTURE_SECONDS))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    r = subprocess.run([str(RELAY_EXE), "import", str(jsonl), "--db", str(db)], cwd=common.REPO,
+    r = subprocess.run([str(RELAY_EXE), "import", "--create", str(jsonl), "--db", str(db)], cwd=common.REPO,
                        env=env, capture_output=True, text=True, timeout=3600)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)

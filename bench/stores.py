@@ -52,7 +52,7 @@ def start_loaded(relay: str, n: int, log=common.eprint) -> tuple[common.Server, 
         db = srv.cwd / "relay.db"
         t0 = time.perf_counter()
         try:
-            r = subprocess.run([str(common.REPO / ".venv" / "bin" / "relay"), "import", str(src),
+            r = subprocess.run([str(common.REPO / ".venv" / "bin" / "relay"), "import", "--create", str(src),
                                 "--db", str(db)], cwd=common.REPO, capture_output=True,
                                text=True, timeout=900)
             ok = r.returncode == 0

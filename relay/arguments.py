@@ -168,6 +168,13 @@ def whole_number(what: str, maximum: int = MAX_WHOLE_NUMBER):
 
 
 cursor = whole_number("a cursor")
+
+
+def feed_cursor(value: str) -> int | str:
+    """`changes --since`: a change feed cursor, or `now` (from the newest position: only what comes next)."""
+    return "now" if value == "now" else cursor(value)
+
+
 unix_seconds = whole_number("created_at (unix seconds)")
 row_limit = whole_number("a limit")
 port_number = whole_number("a TCP port")  # the configuration holds it to 0..65535, naming server.port

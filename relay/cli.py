@@ -20,7 +20,8 @@ import sys
 import structlog
 
 from relay import arguments as types
-from relay.config import Config, ConfigError, load_config
+from relay.commands import check_database_path
+from relay.config import Config, ConfigError, env_warnings, load_config
 from relay.logging import configure_logging
 from relay.store.location import DatabaseUnusable
 from relay.store.store import JobFailed, StoreFailed
@@ -54,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("file", type=types.input_file, help="JSONL file, one event object per line ('-' for stdin)")
     imp.add_argument("--rejects", type=types.output_file, help="write each rejected line to this file as JSON lines "
                      '({"line", "id", "reason", "text"})')
+    imp.add_argument("--create", action="store_true", help="start a new database if there is none (else exit 2)")
     exp = commands.add_parser("export", parents=[common], help="write stored events as JSONL")
     exp.add_argument("--filter", type=types.nip01_filter, default="{}", help="a NIP-01 filter as JSON; its limit, if any, applies (default: every event)")
     exp.add_argument("--output", "-o", type=types.output_file, help="file to write (default: stdout)")
@@ -67,8 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print JSON for scripts")
     changes = commands.add_parser("changes", parents=[common], help="print the change feed (every insertion and "
                                   "removal, in commit order) as JSON lines")
-    changes.add_argument("--since", type=types.cursor, metavar="CURSOR",
-                         help="print the changes after this cursor (default: the oldest kept)")
+    changes.add_argument("--since", type=types.feed_cursor, metavar="CURSOR",
+                         help="print the changes after this cursor (default: the oldest kept; now: what comes next)")
     changes.add_argument("--follow", action="store_true", help="keep printing new changes until interrupted")
     only = changes.add_mutually_exclusive_group()
     only.add_argument("--kinds", type=types.kinds, metavar="K,...", help="only changes of these event kinds")
@@ -190,6 +192,8 @@ def _config(args: argparse.Namespace) -> Config:
     overrides = {"store": {"path": args.db}}
     if args.command == "serve":
         overrides["server"] = {"host": args.host, "port": args.port, "workers": args.workers}
+    for warning in env_warnings(os.environ):  # (RELAY_SERVER_PORT: one underscore, silently ignored otherwise)
+        print(f"relay: warning: {warning}", file=sys.stderr)
     return load_config(args.config, os.environ, overrides)
 
 
@@ -222,7 +226,8 @@ def _main(argv: list[str] | None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     try:
         config = _config(args)
-        if args.command in ("serve", "import", "sync", "record"):  # commands that take events: their policies must load
+        if args.command in ("serve", "import", "sync", "record") and getattr(args, "action", "") != "get":
+            # the commands that take events (`record get` only reads): their policies must load
             from relay.ingest.policies import Policies
 
             Policies.load(config.policies).close()
@@ -237,13 +242,19 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "serve":
         import uvloop
 
+        try:
+            check_database_path(config, create=True)  # a mistyped --db is not a new folder (the default's data/ is)
+        except DatabaseUnusable as exc:  # in the daemon's log, as node.py says a path it cannot use
+            log.error("database_unusable", path=exc.path, error=exc.reason)
+            return 2
+
         from relay.supervisor import serve
 
         return uvloop.run(serve(config))
     if args.command == "import":
         from relay.commands.transfer import run_import
 
-        return asyncio.run(run_import(config, args.file, args.rejects))
+        return asyncio.run(run_import(config, args.file, args.rejects, args.create))
     if args.command == "sync":
         from relay.commands.sync import run_sync
 

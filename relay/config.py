@@ -32,10 +32,15 @@ from relay.store.projectors.engine import BUILD_BATCH, MAX_REFUSALS, REBUILD_BAT
 from relay.store.projectors.causal import CausalSpec  # [[causal_projectors]]
 from relay.store.projectors.causal_toml import parse_causal  # [[causal_projectors]]
 from relay.store.projectors.spec import ProjectorSpec, SpecError, parse_specs  # [[projectors]]
+from relay.store.location import os_reason
 from relay.store.search import DEFAULT_SEARCH_KINDS
 from relay.store.store import StoreOptions
 
 ENV_PREFIX = "RELAY_"
+ENV_NOT_SETTINGS = frozenset({"RELAY_CONFIG", "RELAY_TEST_WORKERS"})
+"""`RELAY_` variables that are not settings: the configuration file's name (relay/cli.py), the tests' worker count."""
+DEFAULT_DB_PATH = "data/relay.db"
+"""`[store] path` by default: relative, so the quick start works in a fresh clone (its `data/` is created)."""
 MIN_FRAME_SIZE_LIMIT = 4096
 """relay.protocol.negentropy's smallest frame size limit, in bytes (not imported: it loads numpy at start-up)."""
 
@@ -224,7 +229,7 @@ class StoreConfig:
     """[store]: the SQLite file, the writer and the readers (the store's own `StoreOptions`), signature threads
     and projector upkeep."""
 
-    path: str = key("data/relay.db", "the SQLite file (WAL mode; -wal and -shm files beside it)", restart=True)
+    path: str = key(DEFAULT_DB_PATH, "the SQLite file (WAL mode; -wal and -shm files beside it)", restart=True)
     synchronous: str = _declared(StoreOptions, "synchronous")
     read_connections: int = _declared(StoreOptions, "read_connections")
     writer_queue_size: int = _declared(StoreOptions, "writer_queue_size")
@@ -723,7 +728,7 @@ def _merge_file(values: dict[str, dict[str, Any]], data: dict[str, Any]) -> None
             raise ConfigError(f"{section}: must be a table")
         for key, value in table.items():
             if key not in section_keys(section):
-                raise ConfigError(f"{section}.{key}: unknown key")
+                raise ConfigError(f"{section}.{key}: unknown key{_elsewhere(section, key)}")
             values[section][key] = _check_value(section, key, value)
 
 
@@ -733,8 +738,30 @@ def _merge_env(values: dict[str, dict[str, Any]], env: Mapping[str, str]) -> Non
             continue
         section, _, key = name[len(ENV_PREFIX):].lower().partition("__")
         if section not in sections() or key not in section_keys(section):
-            raise ConfigError(f"{name}: unknown setting {section}.{key}")
+            raise ConfigError(f"{name}: unknown setting {section}.{key}{_elsewhere(section, key)}")
         values[section][key] = _check_value(section, key, _parse_env_value(section, key, text))
+
+
+def _elsewhere(section: str, key: str) -> str:
+    """" (did you mean [other] key?)" when `key`, unknown in `section`, is a key of other sections; else ""."""
+    found = [f"[{other}] {key}" for other in sections() if other != section and key in section_keys(other)]
+    return f" (did you mean {' or '.join(found)}?)" if found else ""
+
+
+def env_warnings(env: Mapping[str, str]) -> list[str]:
+    """One line for each `RELAY_` variable that is not of the settings' form `RELAY_<SECTION>__<KEY>` (which
+    `load_config` would otherwise ignore without a word), suggesting the setting it seems to mean; variables
+    of that form are checked by `load_config` (an unknown one is an error, as an unknown key in the file)."""
+    warnings = []
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or "__" in name or name in ENV_NOT_SETTINGS:
+            continue
+        rest = name[len(ENV_PREFIX):].lower()
+        meant = [f"{ENV_PREFIX}{s.upper()}__{rest[len(s) + 1:].upper()}" for s in sections()
+                 if rest.startswith(s + "_") and rest[len(s) + 1:] in section_keys(s)]
+        warnings.append(f"{name} is not a setting and is ignored: settings are {ENV_PREFIX}<SECTION>__<KEY> (two "
+                        "underscores)" + (f"; did you mean {meant[0]}?" if meant else ""))
+    return warnings
 
 
 def load_config(
@@ -754,7 +781,9 @@ def load_config(
     if path is not None:
         try:
             data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        except OSError as exc:  # one line naming the file: "no such file or directory", "is a directory"
+            raise ConfigError(f"{path}: {os_reason(exc)}") from None
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"{path}: {exc}") from None
         _merge_file(values, data)
     _merge_env(values, env or {})

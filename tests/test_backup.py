@@ -74,11 +74,11 @@ def test_backup_refuses_to_overwrite_an_existing_file(tmp_path, capsys):
 
 
 def test_backup_into_a_missing_directory_names_that_directory(tmp_path, capsys):
-    """A PATH whose directory does not exist: exit 1, and the message names that directory, not a temporary file."""
+    """A PATH whose directory does not exist: exit 2, and the message names PATH, not a temporary file."""
     config = make_config(tmp_path)
     Path(config.store.path).write_bytes(b"")
     target = tmp_path / "missing" / "copy.db"
-    assert run_backup(config, target) == 1
+    assert run_backup(config, target) == 2
     err = capsys.readouterr().err
-    assert f"relay backup: no directory {target.parent} to hold copy.db" in err
+    assert err == f"relay backup: {target}: no such file or directory\n"
     assert ".partial" not in err

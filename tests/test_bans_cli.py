@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from websockets.exceptions import ConnectionClosed
@@ -11,7 +12,8 @@ from relay.node import open_store
 from tests.conftest import make_config
 from tests.helpers import Client, eventually
 from tests.inprocess import Relay
-from tests.served import relay_cli_async
+from tests.served import Served, relay_cli_async
+from tests.server.test_workers import _start
 from tests.store.test_bans import _event
 
 
@@ -53,7 +55,7 @@ async def test_ban_unban_and_bans_keep_verify_clean(tmp_path, alice, bob):
     assert (await _cli(db, "unban", "event", "XYZ"))[0] == 2
     assert (await _cli(db, "ban", "pubkey", "npub1nothex"))[0] == 2
     code, out, _ = await _cli(db, "bans")
-    assert (code, out) == (0, "")
+    assert (code, out) == (0, "what\titem\trule\treason\tat\tpurging\n")  # the header alone
     await _verify(db)
 
 
@@ -73,7 +75,7 @@ async def test_bans_lists_the_kind_rules_of_the_config_and_the_database(tmp_path
                      {"kind": 7, "rule": "allow", "reason": "reactions only"},
                      {"kind": 4, "rule": "deny", "reason": ""}]
     code, out, _ = await _cli(config.store.path, "bans", "--config", toml)
-    assert out.splitlines()[0] == "kind\t1059\tdeny\tconfig: [auth] deny_kinds\t0"
+    assert out.splitlines()[1] == "kind\t1059\tdeny\tconfig: [auth] deny_kinds\t\t"
 
 
 async def test_a_ban_from_the_command_line_reaches_a_running_relay(tmp_path, alice):
@@ -166,3 +168,19 @@ async def test_ban_refuses_an_admin_a_too_wide_network_and_a_long_reason(tmp_pat
     assert (await _cli(db, "ban", "pubkey", "ab" * 32, "--reason", "x" * 1000, "--config", config))[0] == 0
     found = json.loads((await _cli(db, "bans", "--json"))[1])
     assert ([p["pubkey"] for p in found["pubkeys"]], [i["ip"] for i in found["ips"]]) == (["ab" * 32], ["10.0.0.0/8"])
+
+
+async def test_ban_of_the_serving_relays_admin_is_refused_without_config(tmp_path, alice):
+    """`relay ban pubkey ADMIN` without --config, beside a `relay serve` whose [admin] pubkeys holds ADMIN: the
+    serving relay's writer refuses it (exit 2, one line), nothing is banned, and the admin may still publish."""
+    db = tmp_path / "relay.db"
+    config = tmp_path / "admin.toml"
+    config.write_text(f'[admin]\npubkeys = ["{alice.pubkey}"]\n[server]\npublic_url = "wss://relay.example"\n')
+    with Served(tmp_path, "--config", config, "--db", db, "--port", "0") as served:
+        port = await asyncio.to_thread(_start, served)
+        code, out, err = await _cli(db, "ban", "pubkey", alice.pubkey)
+        assert (code, out, err.count("\n")) == (2, "", 1) and "remove it from [admin] pubkeys" in err, err
+        assert json.loads((await _cli(db, "bans", "--json"))[1])["pubkeys"] == []
+        client = await Client.connect(f"ws://127.0.0.1:{port}")
+        assert (await client.publish(alice.sign(content="still here")))[2] is True
+        await client.close()

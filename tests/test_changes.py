@@ -13,6 +13,7 @@ from tests.conftest import make_config
 from tests.helpers import Client, eventually
 from tests.inprocess import Relay
 from tests.served import clean_env, relay_cli
+from tests.store.projectors.common import event, open_store, submit_batches
 from tests.store.test_properties import OPTIONS, parsed
 
 
@@ -91,3 +92,55 @@ def test_a_cursor_past_sqlite_integers_is_an_argument_error(tmp_path):
     done = relay_cli("changes", "--since", str(2**63), "--db", tmp_path / "relay.db")
     assert done.returncode == 2 and "a cursor is a whole number" in done.stderr and "Traceback" not in done.stderr
     assert relay_cli("changes", "--since", str(2**63 - 1), "--db", tmp_path / "relay.db").returncode == 1  # no db
+
+
+async def test_since_0_reads_a_table_never_rebuilt_from_its_start_and_rebuilt_is_said_only_when_it_was(tmp_path,
+                                                                                                        alice, bob):
+    """`--table follows --since 0` on a table logged from the start prints its rows (exit 0, no "built
+    again"); a cursor from before the table's log began (it was added to row_change_tables later) exits 3
+    saying so, not that the table was built again."""
+    path = tmp_path / "relay.db"
+    store, _ = await open_store(path, row_tables=["profiles"])
+    await submit_batches(store, [event(alice, 0, {"name": "a"}), event(bob, 0, {"name": "b"})])
+    await store.close()
+    store, _ = await open_store(path, row_tables=["profiles", "follows"])
+    await submit_batches(store, [event(alice, 3, "", [["p", bob.pubkey]])])
+    await store.close()
+    fresh = await asyncio.to_thread(relay_cli, "changes", "--table", "follows", "--since", "0", "--db", path)
+    assert fresh.returncode == 0 and "built again" not in fresh.stderr, fresh
+    assert [c["op"] for c in map(json.loads, fresh.stdout.splitlines())] == ["insert"]
+    before = await asyncio.to_thread(relay_cli, "changes", "--table", "follows", "--since", "1", "--db", path)
+    assert before.returncode == 3 and "built again" not in before.stderr, before
+    assert "before follows' row changes were logged" in before.stderr, before.stderr
+
+
+async def test_since_now_prints_only_what_comes_next(tmp_path, alice):
+    """`--since now` prints nothing of what is stored (exit 0); with --follow, only the events stored after it
+    started."""
+    db = tmp_path / "relay.db"
+    store = await Store.open(db, OPTIONS)
+    try:
+        old = alice.sign(1, "old")
+        await store.submit(parsed(old))
+        done = await asyncio.to_thread(relay_cli, "changes", "--since", "now", "--db", db)
+        assert (done.returncode, done.stdout) == (0, ""), done
+        follower = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "relay", "changes", "--since", "now", "--follow", "--db", str(db),
+            stdout=asyncio.subprocess.PIPE, env=clean_env())
+        try:
+            new = []
+            for i in range(40):  # one more each half second until it prints (its start takes a while)
+                new.append(alice.sign(1, f"new {i}"))
+                await store.submit(parsed(new[-1]))
+                try:
+                    line = await asyncio.wait_for(follower.stdout.readline(), 0.5)
+                    break
+                except TimeoutError:
+                    continue
+            first = json.loads(line)
+            assert first["op"] == "insert" and first["id"] in {e["id"] for e in new}
+        finally:
+            follower.terminate()
+            await follower.wait()
+    finally:
+        await store.close()

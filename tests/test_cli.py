@@ -93,8 +93,8 @@ def real_events() -> list[dict]:
 def imported(tmp_path_factory):
     """REAL_EVENTS imported twice into one fresh db: (db, first run, second run)."""
     db = tmp_path_factory.mktemp("imported") / "relay.db"
-    first = relay_cli("import", REAL_EVENTS, "--db", db)
-    second = relay_cli("import", REAL_EVENTS, "--db", db)
+    first = relay_cli("import", "--create", REAL_EVENTS, "--db", db)
+    second = relay_cli("import", "--create", REAL_EVENTS, "--db", db)
     return db, first, second
 
 
@@ -233,7 +233,7 @@ def test_import_counts_each_outcome_with_its_reason(tmp_path):
         json.dumps(alice.sign(content="expired", tags=[["expiration", str(now - 60)]])),
     ]
     db = tmp_path / "crafted.db"
-    result = relay_cli("import", "-", "--db", db, stdin=("\n".join(lines) + "\n").encode())
+    result = relay_cli("import", "--create", "-", "--db", db, stdin=("\n".join(lines) + "\n").encode())
     assert result.returncode == 0, result.stderr
     report = parse_report(result.stdout)
     assert (report.total, report.stored, report.duplicate, report.older_version, report.ephemeral,
@@ -259,7 +259,7 @@ def test_import_counts_an_older_version_apart_from_rejections(tmp_path):
                                 for c, age in (("v2", 10), ("v1", 20)))
     db = tmp_path / "versions.db"
     lines = (profile_old, profile_new, article_new, article_old)
-    result = relay_cli("import", "-", "--db", db, stdin="".join(json.dumps(e) + "\n" for e in lines).encode())
+    result = relay_cli("import", "--create", "-", "--db", db, stdin="".join(json.dumps(e) + "\n" for e in lines).encode())
     assert result.returncode == 0, result.stderr
     report = parse_report(result.stdout)
     assert (report.total, report.stored, report.duplicate, report.older_version, report.ephemeral,
@@ -275,7 +275,7 @@ def test_import_keeps_out_the_kinds_the_relay_does_not_accept(tmp_path):
     config = tmp_path / "relay.toml"
     config.write_text("[auth]\nallow_kinds = [0, 1, 7]\ndeny_kinds = [7]\n")
     db = tmp_path / "kinds.db"
-    result = relay_cli("import", "-", "--config", config, "--db", db,
+    result = relay_cli("import", "--create", "-", "--config", config, "--db", db,
                        stdin="".join(json.dumps(e) + "\n" for e in (note, reaction, profile,
                                                                     alice.sign(kind=3, content="3"))).encode())
     assert result.returncode == 0, result.stderr
@@ -288,7 +288,7 @@ def test_import_keeps_out_the_kinds_the_relay_does_not_accept(tmp_path):
 
 def test_import_of_a_missing_file_exits_2(tmp_path):
     """`relay import` of a file that does not exist exits 2 naming the file."""
-    result = relay_cli("import", tmp_path / "nope.jsonl", "--db", tmp_path / "x.db")
+    result = relay_cli("import", "--create", tmp_path / "nope.jsonl", "--db", tmp_path / "x.db")
     assert result.returncode == 2
     assert "nope.jsonl" in result.stdout + result.stderr
 
@@ -308,7 +308,7 @@ def test_db_path_from_environment(tmp_path):
     db = tmp_path / "env.db"
     event = Keys(0xB0B).sign(content="via env")
     env = clean_env(RELAY_STORE__PATH=str(db))
-    result = relay_cli("import", "-", stdin=json.dumps(event).encode(), env=env, cwd=tmp_path)
+    result = relay_cli("import", "--create", "-", stdin=json.dumps(event).encode(), env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert parse_report(result.stdout).stored == 1
     assert db.exists()

@@ -23,7 +23,7 @@ def test_rejections_name_their_lines_and_go_to_the_rejects_file(tmp_path):
     bad_id = dict(alice.sign(content="original"), content="tampered")
     lines = [json.dumps(good), "", "{not json", json.dumps(bad_id), "[1, 2]", "{not json either"]
     rejects = tmp_path / "rejects.jsonl"
-    result = relay_cli("import", "-", "--db", tmp_path / "r.db", "--rejects", rejects,
+    result = relay_cli("import", "--create", "-", "--db", tmp_path / "r.db", "--rejects", rejects,
                        stdin=("\n".join(lines) + "\n").encode())
     assert result.returncode == 0, result.stderr
     out = result.stdout.splitlines()
@@ -45,7 +45,7 @@ def test_ctrl_c_during_an_import_prints_the_summary_and_exits_130(tmp_path):
     source = tmp_path / "big.jsonl"
     source.write_bytes(REAL_EVENTS.read_bytes() * 8)
     db = tmp_path / "big.db"
-    proc = subprocess.Popen([sys.executable, "-m", "relay", "import", str(source), "--db", str(db)],
+    proc = subprocess.Popen([sys.executable, "-m", "relay", "import", "--create", str(source), "--db", str(db)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
     deadline = time.monotonic() + CLI_TIMEOUT
     while not db.with_name("big.db-wal").exists() and time.monotonic() < deadline and proc.poll() is None:
@@ -66,7 +66,7 @@ EVENTS = DATA / "events" / "lnbits-nostrrelay.jsonl"
 
 
 def _import(*args, stdin=subprocess.PIPE) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "relay", "import", *map(str, args)], stdin=stdin,
+    return subprocess.Popen([sys.executable, "-m", "relay", "import", "--create", *map(str, args)], stdin=stdin,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
 
 
@@ -90,7 +90,7 @@ def test_rejects_naming_the_input_is_refused_and_the_input_kept(tmp_path):
     source.write_bytes(EVENTS.read_bytes())
     os.link(source, tmp_path / "link.jsonl")
     for rejects in (source, tmp_path / "link.jsonl"):
-        done = relay_cli("import", source, "--db", tmp_path / "r.db", "--rejects", rejects)
+        done = relay_cli("import", "--create", source, "--db", tmp_path / "r.db", "--rejects", rejects)
         assert (done.returncode, done.stdout, done.stderr.count("\n")) == (2, "", 1), done.stderr
         assert "is the input" in done.stderr
     assert source.read_bytes() == EVENTS.read_bytes()
@@ -100,7 +100,8 @@ def test_rejects_naming_the_input_pipe_is_refused_and_dev_null_is_not(tmp_path):
     """`cat FILE | relay import - --rejects /dev/stdin` exits 2 with one line, at once (opening the pipe for
     writing held its write end: the import never saw the input end); a character device such as /dev/null
     may be both input and rejects."""
-    done = relay_cli("import", "-", "--db", tmp_path / "r.db", "--rejects", "/dev/stdin", stdin=EVENTS.read_bytes())
+    done = relay_cli("import", "--create", "-", "--db", tmp_path / "r.db", "--rejects", "/dev/stdin",
+                     stdin=EVENTS.read_bytes())
     assert (done.returncode, done.stdout, done.stderr.count("\n")) == (2, "", 1), done.stderr
     assert "--rejects /dev/stdin is the input" in done.stderr
     with open(os.devnull, "rb") as null:

@@ -47,7 +47,7 @@ def db(tmp_path_factory) -> Path:
     source = path.parent / "events.jsonl"
     lines = REAL_EVENTS.read_text(encoding="utf-8").split("\n")[:2000]
     source.write_text("\n".join(lines + [json.dumps(BAD)]) + "\n", encoding="utf-8")
-    relay("import", source, "--db", path)
+    relay("import", "--create", source, "--db", path)
     return path
 
 
@@ -118,7 +118,7 @@ def test_configured_projector_revision_and_removal(db, tmp_path):
     assert "pending (revision 1 -> 2)" in relay("projectors", "list", "--config", config, "--db", copy).stdout
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    relay("import", empty, "--config", config, "--db", copy)  # any writer's start-up rebuilds what changed
+    relay("import", "--create", empty, "--config", config, "--db", copy)  # any writer's start-up rebuilds what changed
     listing = relay("projectors", "list", "--config", config, "--db", copy).stdout.splitlines()
     assert next(line for line in listing if line.startswith("zaps ")).split()[:4] == ["zaps", "9735", "2", "current"]
     conn = sqlite3.connect(copy)
@@ -192,7 +192,7 @@ def test_refusal_counts_of_a_full_log_are_lower_bounds(tmp_path):
     source = tmp_path / "events.jsonl"
     bad = [Keys(0xBAD0 + i).sign(kind=0, content="{not json", created_at=1_700_000_000) for i in range(2)]
     source.write_text("".join(json.dumps(e) + "\n" for e in bad), encoding="utf-8")
-    relay("import", source, "--config", config)
+    relay("import", "--create", source, "--config", config)
     assert "profiles: ok, 0 rows (at least 1 events refused)" in relay("verify", "--config", config).stdout
     listing = relay("projectors", "list", "--config", config).stdout.splitlines()
     assert next(line.split() for line in listing if line.startswith("profiles"))[5] == "1+"

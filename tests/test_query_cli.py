@@ -19,7 +19,7 @@ def db(tmp_path_factory) -> Path:
     path = tmp_path / "relay.db"
     source = tmp_path / "events.jsonl"
     source.write_text("\n".join(REAL_EVENTS.read_text(encoding="utf-8").split("\n")[:1500]) + "\n", encoding="utf-8")
-    relay("import", source, "--db", path)
+    relay("import", "--create", source, "--db", path)
     return path
 
 

@@ -6,6 +6,7 @@ subscribers.  Real `relay serve` subprocesses, real WebSocket clients.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 
@@ -78,6 +79,20 @@ async def test_relay_record_put_goes_through_the_running_writer_to_every_worker(
             await _close_all(clients.values())
 
 
+@contextlib.asynccontextmanager
+async def _importer(db):
+    """`relay import - --db DB` reading a pipe the test writes; killed on the way out if still running."""
+    importer = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "relay", "import", "-", "--db", str(db), stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=clean_env())
+    try:
+        yield importer
+    finally:
+        if importer.returncode is None:
+            importer.kill()
+            await importer.wait()
+
+
 async def test_an_import_whose_relay_dies_on_the_way_exits_1_saying_so(tmp_path):
     """The writer of the relay an import goes through is SIGKILLed mid-import: the lines after it are answered
     "error:", and the import exits 1 saying they may or may not be stored (it once exited 0, calling them
@@ -88,10 +103,7 @@ async def test_an_import_whose_relay_dies_on_the_way_exits_1_saying_so(tmp_path)
         port = await asyncio.to_thread(_start, served)
         client = await Client.connect(f"ws://127.0.0.1:{port}")
         assert await client.req("live", {"authors": [keys.pubkey]}) == []
-        importer = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "relay", "import", "-", "--db", str(db), stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=clean_env())
-        try:
+        async with _importer(db) as importer:
             chunk = [keys.sign(1, f"before the relay died {i}") for i in range(CHUNK_LINES)]  # one chunk goes now
             importer.stdin.write(b"".join(json.dumps(e).encode() + b"\n" for e in chunk))
             await importer.stdin.drain()
@@ -101,11 +113,7 @@ async def test_an_import_whose_relay_dies_on_the_way_exits_1_saying_so(tmp_path)
             importer.stdin.write(json.dumps(keys.sign(1, "after")).encode() + b"\n")
             importer.stdin.close()
             out, err = await asyncio.wait_for(importer.communicate(), 30)
-        finally:
-            await client.close()
-            if importer.returncode is None:
-                importer.kill()
-                await importer.wait()
+        await client.close()
     assert importer.returncode == 1, (out, err)
     assert b"stopped during the import" in err
 
@@ -124,3 +132,27 @@ def test_a_command_refuses_to_write_beside_a_relay_whose_channel_is_gone(tmp_pat
         proc = relay_cli("import", lines, "--db", db)
     assert proc.returncode == 2, proc
     assert "channel" in proc.stderr and "cannot be reached" in proc.stderr
+
+
+async def test_a_piped_import_reaches_the_relay_before_the_pipe_closes(tmp_path):
+    """`producer | relay import -` beside a serving relay: lines written to a pipe kept open reach a REQ on the
+    relay within seconds, not when the pipe closes."""
+    keys = Keys(94)
+    db = tmp_path / "relay.db"
+    with Served(tmp_path, "--db", db, "--port", "0", "--workers", "0", env=clean_env()) as served:
+        port = await asyncio.to_thread(_start, served)
+        client = await Client.connect(f"ws://127.0.0.1:{port}")
+        async with _importer(db) as importer:
+            piped = [keys.sign(1, f"piped {i}") for i in range(3)]
+            importer.stdin.write(b"".join(json.dumps(e).encode() + b"\n" for e in piped))
+            await importer.stdin.drain()
+
+            async def stored() -> bool:
+                return len(await client.req("piped", {"authors": [keys.pubkey]})) == len(piped)
+
+            assert await eventually(stored, timeout=10)
+            assert importer.returncode is None  # the pipe is still open
+            importer.stdin.close()
+            out, err = await asyncio.wait_for(importer.communicate(), 30)
+        await client.close()
+    assert importer.returncode == 0 and b"stored 3" in out, (out, err)

@@ -176,7 +176,8 @@ class ChannelServer:
         answer: dict = {"type": "job_done", "id": request}
         try:
             job, args = frames.unpack(packed)
-            answer["result"] = frames.pack(await self.ingest.store.run_job(job, *args))
+            refused = self.ingest.moderation and self.ingest.moderation.refusal(job, args)  # this relay's config
+            answer["result"] = frames.pack(refused or await self.ingest.store.run_job(job, *args))
         except Exception as exc:  # the job's failure is the caller's answer (JobFailed there, or StoreFailed)
             answer["error"] = str(exc) if isinstance(exc, (JobFailed, StoreFailed)) else repr(exc)
             answer["fatal"] = isinstance(exc, StoreFailed)

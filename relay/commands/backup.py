@@ -19,6 +19,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
+from relay.commands import no_such_file, path_error
 from relay.config import Config
 
 
@@ -37,7 +38,7 @@ def backup(source: Path, target: Path) -> BackupReport:
 
     Raises:
         FileExistsError: `target` exists (it is left as it is).
-        FileNotFoundError: there is no database at `source`, or no directory to hold `target`.
+        FileNotFoundError: there is no database at `source`, or no directory to hold `target` (naming `target`).
         sqlite3.Error: the copy failed (nothing is left at `target`).
     """
     started = time.monotonic()
@@ -46,7 +47,7 @@ def backup(source: Path, target: Path) -> BackupReport:
     if target.exists():
         raise FileExistsError(f"{target} exists; refusing to overwrite it")
     if not target.parent.is_dir():  # else the error would name the temporary file, not PATH
-        raise FileNotFoundError(f"no directory {target.parent} to hold {target.name}")
+        raise no_such_file(target)
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     try:
         with closing(sqlite3.connect(source.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None)) as conn:
@@ -67,9 +68,15 @@ def backup(source: Path, target: Path) -> BackupReport:
 
 
 def run_backup(config: Config, target: Path) -> int:
-    """`relay backup PATH`: print what was written; exit 1 (message on stderr) if PATH exists or the copy fails."""
+    """`relay backup PATH`: print what was written; exit 1 (message on stderr) if PATH exists or the copy fails,
+    2 if PATH's folder does not exist."""
     try:
         report = backup(Path(config.store.path), target)
+    except FileNotFoundError as exc:
+        if exc.filename is None:  # no database
+            print(f"relay backup: {exc}", file=sys.stderr)
+            return 1
+        return path_error("backup", exc)
     except (OSError, sqlite3.Error) as exc:
         print(f"relay backup: {exc}", file=sys.stderr)
         return 1

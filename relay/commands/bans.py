@@ -17,14 +17,14 @@ from __future__ import annotations
 import ipaddress
 import json
 import sys
-from pathlib import Path
+import time
 
 from relay.commands.through import WritePath, open_write_path
 from relay.config import Config
-from relay.ingest.moderation import Moderation
+from relay.ingest.moderation import Moderation, Refused, admin_ban_refusal
 from relay.protocol.event import is_hex64
-from relay.server.management import MAX_REASON, admin_ban_refusal, block_refusal
-from relay.store.location import DatabaseUnusable
+from relay.server.management import MAX_REASON, block_refusal
+from relay.store.location import require_database
 from relay.store.moderation import (
     ALLOWED_KIND,
     BANNED_EVENT,
@@ -56,8 +56,7 @@ async def _open(config: Config) -> tuple[Moderation, WritePath]:
         DatabaseUnusable: there is no file there: a mistyped `--db` would otherwise create a new database
             that no running relay reads, and the ban would report success yet apply nowhere.
     """
-    if not Path(config.store.path).exists():
-        raise DatabaseUnusable(config.store.path, "no such database (check --db)")
+    require_database(config.store.path, "check --db")
     path = await open_write_path(config, read_connections=1)
     return await Moderation.open(path.store, config), path
 
@@ -95,7 +94,11 @@ async def run_ban(config: Config, what: str, item: str, reason: str, purge: bool
             print(f"relay ban: event {item} banned; {'removed' if removed else 'was not stored'}")
             return 0
         purge = purge or config.admin.purge_on_ban
-        await moderation.ban_pubkey(item, reason, purge)
+        try:
+            await moderation.ban_pubkey(item, reason, purge)
+        except Refused as exc:  # by the serving relay's writer: its [admin] pubkeys, not this command's config
+            print(f"relay ban: {exc}", file=sys.stderr)
+            return 2
         removed = await moderation.purge(item) if purge else 0
         print(f"relay ban: pubkey {item} banned" + (f"; {removed} stored events removed" if purge else ""))
         return 0
@@ -128,7 +131,9 @@ async def run_bans(config: Config, as_json: bool) -> int:
 
     JSON shape: `{"pubkeys": [{"pubkey", "reason", "at", "purging"}], "events": [{"id", "reason", "at"}],
     "ips": [{"ip", "reason", "at"}], "kinds": [{"kind": int, "rule": "allow" | "deny", "reason", "at"}]}`,
-    `at` in unix seconds; else one tab-separated line each.
+    `at` in unix seconds.  Else tab-separated, for people: the header `what item rule reason at purging`,
+    then a line each: rule `ban`, `block`, `allow` or `deny`; `at` in ISO 8601 UTC ("" for the
+    configuration's rules); purging `yes` or `no` for a pubkey ("" for others).
     """
     moderation, path = await _open(config)
     await path.close()
@@ -148,8 +153,20 @@ async def run_bans(config: Config, as_json: bool) -> int:
     if as_json:
         print(json.dumps(found, ensure_ascii=False))
         return 0
+    print("\t".join(_COLUMNS))
     for what, rows in found.items():
         for row in rows:
-            values = list(row.values())
-            print("\t".join([what[:-1], *map(str, values)]))
+            item = next(iter(row.values()))  # each list's first field: pubkey, id, ip or kind
+            print("\t".join([what[:-1], str(item),
+                             row.get("rule") or _RULES[what], row["reason"], _iso(row["at"]),
+                             {True: "yes", False: "no"}.get(row.get("purging"), "")]))
     return 0
+
+
+_COLUMNS = ("what", "item", "rule", "reason", "at", "purging")
+_RULES = {"pubkeys": "ban", "events": "ban", "ips": "block"}
+
+
+def _iso(at: int) -> str:
+    """Unix seconds as ISO 8601 UTC (`2024-05-01T12:00:00Z`); 0 (a rule of the configuration) as ""."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)) if at else ""

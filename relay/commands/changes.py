@@ -23,6 +23,7 @@ from relay.store.projectors.tables import table_exists
 PAGE = 1000  # changes read per read transaction
 POLL_SECONDS = 0.25  # with --follow, time between reads once the feed is caught up
 STALE_EXIT = 3
+NOW = "now"  # `--since now`: from the newest position
 
 
 class _Feed(Protocol):
@@ -76,10 +77,11 @@ def _page(conn: sqlite3.Connection, since: int, source: _Feed) -> tuple[list, in
     return changes, changes[-1].cursor
 
 
-def run_changes(config: Config, since: int | None, follow: bool, kinds: frozenset[int] | None,
+def run_changes(config: Config, since: int | str | None, follow: bool, kinds: frozenset[int] | None,
                 table: str | None = None) -> int:
-    """Print every change after `since` (default: the oldest kept), one JSON object a line; with `follow`, keep
-    polling for new ones until interrupted.  With `table`, the changes of that projected table's rows
+    """Print every change after `since` (default: the oldest kept; "now": the newest position, so nothing
+    already there), one JSON object a line; with `follow`, keep polling for new ones until interrupted.
+    For a table, `since` 0 (nothing read yet) is its start, as the default.  With `table`, the changes of that projected table's rows
     (`{"cursor", "op": "insert"|"replace"|"remove", "table", "key", "row"?}`, relay/store/projectors/rowfeed.py)
     instead of events.
 
@@ -94,6 +96,8 @@ def run_changes(config: Config, since: int | None, follow: bool, kinds: frozense
         return 1
     out = sys.stdout.buffer
     source: _Feed = _Events(kinds) if table is None else _Rows(table)
+    if table is not None and since == 0:  # a reader with nothing: the log's start rebuilds the table
+        since = None
     try:
         if since is None and table is not None and rowfeed.trimmed(conn, table):
             position = rowfeed.head(conn)  # read before the rows: what changes after them is not missed
@@ -103,6 +107,8 @@ def run_changes(config: Config, since: int | None, follow: bool, kinds: frozense
                   "rows show)", file=sys.stderr)
             return STALE_EXIT
         newest = source.head(conn)
+        if since == NOW:
+            since = newest
         if since is not None and since > newest:  # a cursor of another database, or a typo: never a silent wait
             print(f"relay changes: cursor {since} is past the newest position, {newest}", file=sys.stderr)
             return 2
@@ -116,10 +122,12 @@ def run_changes(config: Config, since: int | None, follow: bool, kinds: frozense
                     return 0
                 time.sleep(POLL_SECONDS)
     except feed.StaleCursor as exc:
-        if table is not None and not rowfeed.trimmed(conn, table):  # only a new start of its log passed it
-            print(f"relay changes: cursor {exc.cursor} is from before {table} was built again from empty (a changed "
-                  f"spec, relay projectors rebuild): read it again from the start (--since {exc.oldest})",
-                  file=sys.stderr)
+        if table is not None and not rowfeed.trimmed(conn, table):  # only the start of its log passed it
+            why = (f"{table} was built again from empty (a changed spec, relay projectors rebuild)"
+                   if rowfeed.rebuilt(conn, table) else
+                   f"{table}' row changes were logged (its log starts with an insert of every row it had)")
+            print(f"relay changes: cursor {exc.cursor} is from before {why}: read it again from the start "
+                  f"(--since {exc.oldest})", file=sys.stderr)
         else:
             print(exc, file=sys.stderr)
         return STALE_EXIT

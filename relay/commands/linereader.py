@@ -20,26 +20,33 @@ from relay.ingest.outcome import Outcome
 BLOCK_BYTES = 1 << 20
 """Bytes asked of one read (a pipe gives what it holds, up to its size, typically 64 KiB)."""
 
+PAUSED = object()
+"""Yielded by `LineReader.lines` in place of a line when a read waited `idle_seconds`: what came may be used now."""
+
 
 class LineReader:
     """The lines of the open file descriptor `fd`, each at most `limit` bytes (without its newline).
 
-    `consumed` is the number of bytes read so far.  A longer line is not
+    `consumed` is the number of bytes read so far; `first_byte` the first
+    one that is not white space (b"" until one is read: b"[" for a JSON array).  A longer line is not
     held in memory: it comes out as `too_long` (an `Outcome` refusing it,
     "invalid: line longer than N bytes") where it ends.  `fd` is not closed.
     """
 
-    def __init__(self, fd: int, limit: int) -> None:
+    def __init__(self, fd: int, limit: int, idle_seconds: float | None = None) -> None:
         self.limit = limit
+        self.idle_seconds = idle_seconds
         self.consumed = 0
+        self.first_byte = b""
         self.too_long = Outcome(False, "invalid", f"line longer than {limit} bytes")
         self._fd = fd
         self._asks: queue.SimpleQueue[asyncio.Future | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name="import-reader", daemon=True)
         self._thread.start()
 
-    async def lines(self) -> AsyncIterator[bytes | Outcome]:
-        """Each line without its newline (the last may lack one), or `too_long` in its place, until end of input.
+    async def lines(self) -> AsyncIterator[bytes | Outcome | object]:
+        """Each line without its newline (the last may lack one), or `too_long` in its place, until end of input;
+        `PAUSED` once when a read waited `idle_seconds` (a pipe with nothing to give yet), if given.
 
         Raises:
             OSError: a read failed.
@@ -47,8 +54,14 @@ class LineReader:
         pending = bytearray()  # the current line's bytes so far
         overlong = False  # the current line is past `limit`: its bytes are dropped as they come
         try:
-            while block := await self._read():
+            while True:
+                future = self._ask()
+                if self.idle_seconds is not None and not (await asyncio.wait({future}, timeout=self.idle_seconds))[0]:
+                    yield PAUSED
+                if not (block := await future):
+                    break
                 self.consumed += len(block)
+                self.first_byte = self.first_byte or block.lstrip()[:1]
                 *ended, rest = block.split(b"\n")
                 for piece in ended:
                     too_long = overlong or len(pending) + len(piece) > self.limit
@@ -65,10 +78,11 @@ class LineReader:
         finally:
             self._asks.put(None)  # the thread ends after the read under way, if any
 
-    async def _read(self) -> bytes:
+    def _ask(self) -> asyncio.Future:
+        """The next block, read by the thread (b"": end of input)."""
         future = asyncio.get_running_loop().create_future()
         self._asks.put(future)
-        return await future
+        return future
 
     def _serve(self) -> None:
         while (future := self._asks.get()) is not None:

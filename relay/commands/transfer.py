@@ -23,8 +23,9 @@ import orjson
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
+from relay.commands import check_database_path, path_error
 from relay.commands.interrupt import EXIT_INTERRUPTED, interruptible
-from relay.commands.linereader import LineReader
+from relay.commands.linereader import PAUSED, LineReader
 from relay.commands.through import open_write_path
 from relay.config import Config
 from relay.ingest import IMPORT, Ingest, Outcome
@@ -36,6 +37,9 @@ from relay.protocol.rejection import Rejection
 from relay.store.store import Store
 
 CHUNK_LINES = 2_000
+IDLE_FLUSH_SECONDS = 0.2  # a chunk not yet full is imported once no line came for this long (a pipe that pauses)
+NOT_JSONL_HINT = "the input is not JSONL: one event object per line"
+_NOT_AN_OBJECT = ("invalid: malformed JSON", "invalid: event must be a JSON object")  # what lines of no JSONL get
 SHOWN_LINES = 5  # line numbers listed per rejection reason in the summary
 
 
@@ -83,14 +87,15 @@ Rejected = Callable[[int, bytes, Event | None, Outcome], None]
 """Told of each rejected line: (line number, the line, its event if it parsed, the outcome)."""
 
 
-async def import_lines(ingest: Ingest, lines: Iterable[bytes] | AsyncIterable[bytes | Outcome], progress=None,
+async def import_lines(ingest: Ingest, lines: Iterable[bytes] | AsyncIterable[bytes | Outcome | object], progress=None,
                        report: ImportReport | None = None, rejected: Rejected | None = None) -> ImportReport:
     """Take each non-blank JSONL line (one event object per line) through `ingest` as `IMPORT`.
 
     `lines` may hold, in place of a line, the `Outcome` refusing it unread
-    (`LineReader.too_long`).  Lines go in chunks of `CHUNK_LINES`, whose
-    signatures are checked together on the ingest's pool; `progress()` is
-    called after each chunk.  Counts go to `report` (a new one if None),
+    (`LineReader.too_long`), or `PAUSED` (no line came for a while).  Lines go
+    in chunks of `CHUNK_LINES`, whose signatures are checked together on the
+    ingest's pool, and at each `PAUSED` (a pipe's lines are stored as they
+    come, not when it closes); `progress()` is called after each chunk.  Counts go to `report` (a new one if None),
     which holds the chunks done so far if the import is cancelled; cancelled
     while waiting for `lines` (SIGINT on a stalled pipe), the lines already
     read are imported first.
@@ -108,6 +113,11 @@ async def import_lines(ingest: Ingest, lines: Iterable[bytes] | AsyncIterable[by
             if chunk:
                 await _import_chunk(ingest, chunk, report, progress, rejected)
             raise
+        if line is PAUSED:  # the input paused: store what came so far
+            if chunk:
+                await _import_chunk(ingest, chunk, report, progress, rejected)
+                chunk = []
+            continue
         number += 1
         if isinstance(line, Outcome):
             _refuse(number, line, report, rejected)
@@ -177,17 +187,21 @@ def print_import_report(report: ImportReport) -> None:
         print(f"    at line{'s' if len(shown) > 1 else ''} {', '.join(map(str, shown))}{more}")
 
 
-async def run_import(config: Config, path: Path, rejects: Path | None = None) -> int:
-    """`relay import FILE [--rejects OUT]`: prints the counts (see `ImportReport`, `print_import_report`);
-    `rejects` gets each rejected line (`rejects_writer`), replacing what OUT held.
+async def run_import(config: Config, path: Path, rejects: Path | None = None, create: bool = False) -> int:
+    """`relay import FILE [--rejects OUT] [--create]`: prints the counts (see `ImportReport`,
+    `print_import_report`); `rejects` gets each rejected line (`rejects_writer`), replacing what OUT held.
 
     FILE ('-': stdin) may be a regular file, a pipe or a FIFO; it is read
-    once.  A line longer than `limits.max_message_bytes` is rejected without
-    being read into memory.  Exit 0; 2 (one line on stderr) if FILE or OUT
+    once, and a pipe's lines are stored as they come.  A line longer than
+    `limits.max_message_bytes` is rejected without being read into memory.
+    Exit 0; 1 when lines were read and every one was rejected (with a hint
+    when the input is not JSONL); 2 (one line on stderr) if the database does
+    not exist and `create` is not given (`check_database_path`), or FILE or OUT
     cannot be opened or OUT is FILE; 130 when interrupted (SIGINT), after the
     summary of the lines done, including those read before a stalled pipe.
     """
     console = Console(stderr=True)
+    check_database_path(config, create)
     try:
         source = sys.stdin.buffer if str(path) == "-" else path.open("rb")
         info = os.fstat(source.fileno())
@@ -200,13 +214,12 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None) ->
                           "never let it end")
         out = rejects.open("wb") if rejects is not None else None
     except OSError as exc:
-        print(f"relay import: {exc}", file=sys.stderr)
-        return 2
+        return path_error("import", exc)
     path = await open_write_path(config, read_connections=1)  # through the running relay if one serves it
     store = path.store
     ingest = await path.ingest(config)  # bans
     report = ImportReport()
-    reader = LineReader(source.fileno(), config.limits.max_message_bytes)
+    reader = LineReader(source.fileno(), config.limits.max_message_bytes, IDLE_FLUSH_SECONDS)
     try:
         with Progress(TextColumn("importing"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
                       console=console, disable=not console.is_terminal) as bar:
@@ -231,6 +244,11 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None) ->
               "\"error: the relay cannot store events now\" may or may not be stored: import the file again",
               file=sys.stderr)
         return 1
+    if report.total and sum(report.rejected.values()) == report.total:
+        not_jsonl = reader.first_byte == b"[" or set(report.rejected) <= set(_NOT_AN_OBJECT)
+        print("relay import: every line was rejected" + (f"; {NOT_JSONL_HINT}" if not_jsonl else ""),
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -247,9 +265,12 @@ async def run_export(config: Config, filter_json: str, output: Path | None) -> i
     if not Path(config.store.path).exists():
         print(f"relay export: no database at {config.store.path}", file=sys.stderr)
         return 2
-    store = await Store.open(config.store.path, config.store.options(read_connections=1))
     try:
         out = output.open("wb") if output else sys.stdout.buffer
+    except OSError as exc:
+        return path_error("export", exc)
+    store = await Store.open(config.store.path, config.store.options(read_connections=1))
+    try:
         with out:
             async for raw in store.scan(f):
                 out.write(raw + b"\n")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import structlog
 
@@ -53,6 +53,18 @@ from relay.store.store import Store
 log = structlog.get_logger(__name__)
 
 _MAX_CACHED_IPS = 65_536  # client IPs whose blocked-or-not answer is remembered until the next change
+
+
+def admin_ban_refusal(pubkey: str) -> str:
+    """Why 64-hex `pubkey`, one of `[admin] pubkeys`, may not be banned."""
+    return f"{pubkey} is an admin of this relay: remove it from [admin] pubkeys in the configuration first"
+
+
+class Refused(Exception):
+    """A change the relay's writer refuses under its own configuration (`Moderation.refusal`); says why in a line.
+
+    The writer answers it as the job's result (it pickles), and `Moderation` raises it where the change was asked.
+    """
 
 
 class Moderation:
@@ -134,6 +146,15 @@ class Moderation:
         """The NIP-11 fields NIP-86 overrides (name, description, icon), by field."""
         return {field: entry.reason for field, entry in self.lists[INFO].items()}
 
+    def refusal(self, job: Callable, args: tuple) -> Refused | None:
+        """Why this relay's writer refuses a job another process sent (`relay ban` through the channel): a ban of
+        one of its `[admin] pubkeys`, which the sender's configuration may not list; None to run it."""
+        if job is bans.set_entries:
+            for entry in args[0]:
+                if entry.list == BANNED_PUBKEY and entry.item in self.config.admin.pubkeys:
+                    return Refused(admin_ban_refusal(entry.item))
+        return None
+
     def entries(self, name: str) -> list[Entry]:
         """The entries of the list `name` (relay/store/moderation.py `LISTS`), oldest first."""
         return list(self.lists[name].values())
@@ -191,8 +212,10 @@ class Moderation:
         now = int(time.time())
         entries = [Entry(BANNED_PUBKEY, pubkey, reason, now)] + ([Entry(PURGE_PUBKEY, pubkey, "", now)] if purge
                                                                   else [])
-        await self.store.run_job(bans.set_entries, entries, (ALLOWED_PUBKEY,))
+        refused = await self.store.run_job(bans.set_entries, entries, (ALLOWED_PUBKEY,))
         await self.load()
+        if isinstance(refused, Refused):  # by the writer of the relay serving the database (`refusal`)
+            raise refused
         log.info("pubkey_banned", pubkey=pubkey, purge=purge)
 
     async def purge(self, pubkey: str, in_background: bool = False) -> int:

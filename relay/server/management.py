@@ -30,7 +30,7 @@ import orjson
 import structlog
 
 from relay.config import Config
-from relay.ingest.moderation import Moderation
+from relay.ingest.moderation import Moderation, admin_ban_refusal
 from relay.protocol.event import MAX_KIND, EventLimits
 from relay.protocol.nip98 import check_http_auth
 from relay.protocol.rejection import Rejection
@@ -70,11 +70,6 @@ def block_refusal(network: str, admin: bool) -> str | None:
     if not admin and net.num_addresses > 1:
         return f"only the relay's admins block networks: block single addresses (/{net.max_prefixlen})"
     return None
-
-
-def admin_ban_refusal(pubkey: str) -> str:
-    """Why 64-hex `pubkey`, one of `[admin] pubkeys`, may not be banned."""
-    return f"{pubkey} is an admin of this relay: remove it from [admin] pubkeys in the configuration first"
 
 
 def _reason(params: list) -> str:

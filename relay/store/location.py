@@ -57,3 +57,31 @@ def check_location(path: Path) -> None:
         if file.exists() and not os.access(file, os.R_OK | os.W_OK):
             raise DatabaseUnusable(path, f"{file.name} is not readable and writable by {_who()} "
                                          f"({_owner(file.stat())})")
+
+
+def require_database(path: Path | str, hint: str) -> None:
+    """Refuse a database that does not exist: a mistyped path (or a relative default read from another folder)
+    would otherwise become a new, empty database that no running relay reads.
+
+    Raises:
+        DatabaseUnusable: nothing at `path`; the message names its absolute path and `hint` (how to proceed).
+    """
+    if not Path(path).exists():
+        raise DatabaseUnusable(Path(path).absolute(), f"no such database ({hint})")
+
+
+def require_directory(path: Path | str, hint: str) -> None:
+    """Refuse a new database whose directory does not exist (`Store.open` would create it, typo and all).
+
+    Raises:
+        DatabaseUnusable: the directory of `path` is missing; the message names it and `hint`.
+    """
+    directory = Path(path).absolute().parent
+    if not directory.exists():
+        raise DatabaseUnusable(Path(path).absolute(), f"no such directory {directory} ({hint})")
+
+
+def os_reason(exc: OSError) -> str:
+    """What the OS said of a failed path operation, as a clause: "no such file or directory", "is a directory"."""
+    reason = exc.strerror or str(exc)
+    return reason[:1].lower() + reason[1:]

@@ -51,8 +51,8 @@ def as_user(*args, cwd: Path) -> subprocess.CompletedProcess:
 
 def _imported(path: Path) -> Path:
     """A relay database at `path` holding one event, written by root (the relay's own import)."""
-    subprocess.run([sys.executable, "-m", "relay", "import", "-", "--db", str(path)], input=b"", check=True,
-                   env=clean_env(), capture_output=True, timeout=CLI_TIMEOUT)
+    subprocess.run([sys.executable, "-m", "relay", "import", "--create", "-", "--db", str(path)], input=b"",
+                   check=True, env=clean_env(), capture_output=True, timeout=CLI_TIMEOUT)
     return path
 
 
@@ -67,7 +67,7 @@ def _wrong_places(place: Path) -> dict[str, tuple[Path, str]]:
     return {
         "directory": (mine, "is a directory"),
         "unwritable directory": (theirs / "relay.db", "directory is not writable by uid 10001"),
-        "missing parent of an unwritable directory": (theirs / "sub" / "relay.db", "directory cannot be created"),
+        "missing parent of an unwritable directory": (theirs / "sub" / "relay.db", f"no such directory {theirs}/sub"),
         "another user's database": (other_owner, "other.db is not readable and writable by uid 10001"),
         "mode 444": (read_only, "readonly.db is not readable and writable by uid 10001 (owner uid 10001, mode 0444)"),
     }
@@ -90,7 +90,7 @@ def test_serve_refuses_a_database_it_cannot_use_in_one_line_with_exit_2(place):
 def test_import_names_the_database_it_cannot_use(place):
     """`relay import` says the same in one line on stderr, exit 2."""
     (place / "theirs").mkdir()
-    proc = as_user("import", "-", "--db", place / "theirs" / "relay.db", cwd=place)
+    proc = as_user("import", "--create", "-", "--db", place / "theirs" / "relay.db", cwd=place)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert f"database {place / 'theirs' / 'relay.db'}: directory is not writable" in proc.stderr
 

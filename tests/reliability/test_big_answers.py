@@ -53,7 +53,7 @@ async def test_concurrent_large_answers_stay_within_the_memory_bound(tmp_path):
     source, config_path, db = tmp_path / "big.jsonl", tmp_path / "relay.toml", tmp_path / "relay.db"
     source.write_text("".join(json.dumps(e) + "\n" for e in events))
     config_path.write_text(TOML)
-    imported = relay_cli("import", source, "--db", db, "--config", config_path)
+    imported = relay_cli("import", "--create", source, "--db", db, "--config", config_path)
     assert imported.returncode == 0 and f"stored {EVENTS}," in imported.stdout, imported.stdout + imported.stderr
     newest_first = [e["id"] for e in reversed(events)]
     fitting = MAX_QUERY_BYTES // len(json.dumps(events[0], separators=(",", ":")))

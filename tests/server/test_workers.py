@@ -291,7 +291,7 @@ async def test_relay_import_goes_through_the_running_writer_to_every_worker(tmp_
         port = await asyncio.to_thread(_start, served)
         clients = await _subscribed_on_every_worker(port, keys)
         try:
-            code, out, err = await relay_cli_async("import", lines, "--db", tmp_path / "relay.db")
+            code, out, err = await relay_cli_async("import", "--create", lines, "--db", tmp_path / "relay.db")
             assert code == 0, err
             for client in clients.values():
                 got = await _until(client, "live", imported[-1]["id"])

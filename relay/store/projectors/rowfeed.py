@@ -29,6 +29,7 @@ from relay.store.projectors.tables import quote
 
 INSERT, REPLACE, REMOVE = "insert", "replace", "remove"
 _TRIMMED = "row_feed_trimmed:"  # `meta` key prefix: the table's log lost changes to the bound
+_REBUILT = "row_feed_rebuilt:"  # `meta` key prefix: the table's log started again (`reset`) since `enable`
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +102,7 @@ def enable(cur: sqlite3.Cursor, spec: ProjectorSpec) -> None:
     if is_logged(cur, spec.table):
         return
     cur.execute("INSERT INTO row_feed_tables (tbl, oldest) VALUES (?, ?)", (spec.table, _fresh_start(cur)))
-    cur.execute("DELETE FROM meta WHERE key = ?", (_TRIMMED + spec.table,))
+    cur.executemany("DELETE FROM meta WHERE key = ?", [(_TRIMMED + spec.table,), (_REBUILT + spec.table,)])
     columns = ", ".join(quote(c) for c in spec.stored_columns)
     rows = cur.execute(f"SELECT {columns} FROM {quote(spec.table)}").fetchall()
     log(cur, RowEncoder(spec), [], rows, INSERT)
@@ -111,7 +112,7 @@ def disable(cur: sqlite3.Cursor, table: str) -> None:
     """Stop logging `table` and drop its changes."""
     cur.execute("DELETE FROM row_changes WHERE tbl = ?", (table,))
     cur.execute("DELETE FROM row_feed_tables WHERE tbl = ?", (table,))
-    cur.execute("DELETE FROM meta WHERE key = ?", (_TRIMMED + table,))
+    cur.executemany("DELETE FROM meta WHERE key = ?", [(_TRIMMED + table,), (_REBUILT + table,)])
 
 
 def logged_tables(conn: sqlite3.Connection | sqlite3.Cursor) -> set[str]:
@@ -124,6 +125,7 @@ def reset(cur: sqlite3.Cursor, table: str) -> None:
     cur.execute("DELETE FROM row_changes WHERE tbl = ?", (table,))
     cur.execute("UPDATE row_feed_tables SET oldest = ? WHERE tbl = ?", (_fresh_start(cur), table))
     cur.execute("DELETE FROM meta WHERE key = ?", (_TRIMMED + table,))
+    cur.execute("INSERT OR IGNORE INTO meta (key, value) VALUES (?, '1')", (_REBUILT + table,))
 
 
 def log(cur: sqlite3.Cursor, encoder: RowEncoder, removed_keys: Iterable[tuple], rows: Sequence[Sequence],
@@ -166,6 +168,12 @@ def trimmed(conn: sqlite3.Connection, table: str) -> bool:
     """Whether the bound dropped changes of `table` since its log (re)started: then its changes from `oldest`
     no longer rebuild the table (read the rows, then follow from a cursor read before them)."""
     return conn.execute("SELECT 1 FROM meta WHERE key = ?", (_TRIMMED + table,)).fetchone() is not None
+
+
+def rebuilt(conn: sqlite3.Connection, table: str) -> bool:
+    """Whether `table`'s log started again since it was enabled (`reset`: built again from empty), so that a
+    cursor from before its `oldest` may be one of its own earlier changes (else it predates its log)."""
+    return conn.execute("SELECT 1 FROM meta WHERE key = ?", (_REBUILT + table,)).fetchone() is not None
 
 
 def head(conn: sqlite3.Connection) -> int:
