@@ -216,7 +216,6 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None, cr
     except OSError as exc:
         return path_error("import", exc)
     path = await open_write_path(config, read_connections=1)  # through the running relay if one serves it
-    store = path.store
     ingest = await path.ingest(config)  # bans
     report = ImportReport()
     reader = LineReader(source.fileno(), config.limits.max_message_bytes, IDLE_FLUSH_SECONDS)
