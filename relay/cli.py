@@ -42,9 +42,16 @@ def _common(defaults: bool) -> argparse.ArgumentParser:
     return common
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors are one line on stderr (exit 2), pointing at `--help`."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
     common = _common(defaults=True)
-    parser = argparse.ArgumentParser(prog="relay", description="A Nostr relay on SQLite.")
+    parser = _OneLineParser(prog="relay", description="A Nostr relay on SQLite.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", parents=[common], help="run the relay")
     serve.add_argument("--host", type=types.host, help="address to listen on (default 127.0.0.1)")

@@ -127,6 +127,7 @@ def test_a_policy_that_cannot_be_loaded_stops_the_start_with_exit_2_naming_it(tm
     """A module that fails to import, a plugin program not found or not executable: `relay serve`, `relay import`
     and `relay sync` exit 2 naming it; nothing is served, no plugin waits for the first event."""
     (tmp_path / "not-executable").write_text("#!/bin/sh\n")  # mode 644
+    (tmp_path / "nothing.jsonl").write_text("")
     config = tmp_path / "relay.toml"
     config.write_text(f'[store]\npath = "{tmp_path / "r.db"}"\n[server]\nport = 0\n'
                       f'[[policies]]\n{policy.format(tmp=tmp_path)}\n')
