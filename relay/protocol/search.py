@@ -69,8 +69,10 @@ class Term:
     def quoted(self) -> str:
         """The term as an FTS5 string: in double quotes (inner ones doubled), `*` after it for a prefix.
 
-        NUL would end FTS5's reading of the query: it becomes a space, which
-        separates tokens as NUL does in the indexed text.
+        Its CJK runs are written as tokens of the index (`_cjk_phrase`), which
+        may make a prefix of a term that ends in one CJK character.  NUL would
+        end FTS5's reading of the query: it becomes a space, which separates
+        tokens as NUL does in the indexed text.
         """
         phrase, open_end = _cjk_phrase(self.text)
         prefix = self.prefix or open_end
