@@ -14,11 +14,23 @@ applied through a token of the kind-0 `nip05` domain (`domain_token`) kept
 in the index's `domain` column; several `domain:` match a profile at any of
 them (a profile has one domain: all of them would match nothing); the other
 extensions are ignored.
+
+CJK: FTS5's unicode61 keeps a run of Han, kana or Hangul letters as one
+token, so a word inside a sentence could not be found.  `cjk_bigrams`
+writes each such run, in the indexed text, as one token per character:
+that character and the next (a bigram), the run's last character alone;
+`Term.quoted` writes a CJK run of the query as the phrase of its bigrams,
+found anywhere inside an indexed run.  A run that the term goes on after
+keeps its last character, as in the index; a single CJK character ending
+the term matches as a prefix (the first of a bigram, or a last character).
+Text outside CJK runs is left to unicode61 as it is, so Latin words keep
+their boundaries.
 Pure: no I/O.  Source: NIP-50.
 """
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from dataclasses import dataclass
 
@@ -31,6 +43,21 @@ TEXT_COLUMN = "text"
 DOMAIN_COLUMN = "domain"
 """The columns of the search index (relay/store/search/): the words, and the `nip05` domain's token."""
 
+CJK_RUN = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in (
+    (0x1100, 0x11FF),  # Hangul Jamo
+    (0x3005, 0x3007), (0x3021, 0x3029), (0x3031, 0x3035), (0x3038, 0x303C),  # 々 〆 〇, Hangzhou numerals, kana marks
+    (0x3041, 0x3096), (0x309D, 0x309F), (0x30A1, 0x30FA), (0x30FC, 0x30FF),  # Hiragana, Katakana (with ー, not ・)
+    (0x3105, 0x312F), (0x3131, 0x318E), (0x31A0, 0x31BF), (0x31F0, 0x31FF),  # Bopomofo, Hangul compat, Katakana ext
+    (0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF),  # CJK ideographs: extension A, unified, compatibility
+    (0xA960, 0xA97C), (0xAC00, 0xD7A3), (0xD7B0, 0xD7FB),  # Hangul Jamo extended A, syllables, extended B
+    (0xFF66, 0xFF9F), (0xFFA0, 0xFFDC),  # halfwidth Katakana and Hangul
+    (0x1B000, 0x1B16F), (0x20000, 0x2FA1F), (0x30000, 0x323AF),  # kana supplement, ideograph extensions B-H
+)) + "]+")
+"""A run of CJK letters (Unicode categories L* and N* of those blocks, no punctuation): a word boundary for
+unicode61 only where a separator or another script is, so it is cut into bigrams (see the module docstring)."""
+CJK_SEGMENTATION = "cjk bigrams 1"
+"""The version of `cjk_bigrams`: part of the search index's layout, so a change rebuilds stored indexes."""
+
 
 @dataclass(frozen=True, slots=True)
 class Term:
@@ -42,10 +69,14 @@ class Term:
     def quoted(self) -> str:
         """The term as an FTS5 string: in double quotes (inner ones doubled), `*` after it for a prefix.
 
-        NUL would end FTS5's reading of the query: it becomes a space, which
-        separates tokens as NUL does in the indexed text.
+        Its CJK runs are written as tokens of the index (`_cjk_phrase`), which
+        may make a prefix of a term that ends in one CJK character.  NUL would
+        end FTS5's reading of the query: it becomes a space, which separates
+        tokens as NUL does in the indexed text.
         """
-        return '"' + self.text.replace('"', '""').replace("\x00", " ") + '"' + (" *" if self.prefix else "")
+        phrase, open_end = _cjk_phrase(self.text)
+        prefix = self.prefix or open_end
+        return '"' + phrase.replace('"', '""').replace("\x00", " ") + '"' + (" *" if prefix else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +111,37 @@ def domain_token(domain: str) -> str:
     whole and `domain:example.com` never matches `sub.example.com`.
     """
     return "d" + domain.lower().encode().hex()
+
+
+def _grams(run: str) -> list[str]:
+    """One token per character of the CJK `run`: it and the next one, the last character alone."""
+    return [run[i:i + 2] for i in range(len(run))]
+
+
+def cjk_bigrams(text: str) -> str:
+    """`text` as the search index is given it: each CJK run replaced by its `_grams`, separated by spaces.
+
+    "Bitcoinは比特币" becomes "Bitcoin は比 比特 特币 币 ": the other text is
+    left as it is.
+    """
+    return CJK_RUN.sub(lambda run: " " + " ".join(_grams(run[0])) + " ", text)
+
+
+def _cjk_phrase(text: str) -> tuple[str, bool]:
+    """(`text` of a query term with its CJK runs as tokens of the index, whether its last token is a prefix).
+
+    A run followed by more of the term ends there in the indexed text too: all
+    its `_grams`.  The run ending the term may go on in the indexed text: its
+    bigrams only, or, for a single character, that character as a prefix.
+    """
+    parts, end, open_end = [], 0, False
+    for run in CJK_RUN.finditer(text):
+        grams = _grams(run[0])
+        if not _searchable(text[run.end():]):
+            grams, open_end = grams[:-1] or grams, len(grams) == 1
+        parts += [text[end:run.start()], *grams]
+        end = run.end()
+    return " ".join(p.strip() for p in [*parts, text[end:]] if _searchable(p)), open_end
 
 
 def _split(text: str):

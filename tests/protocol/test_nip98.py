@@ -16,10 +16,11 @@ from tests.helpers import Keys
 URL = "wss://relay.example/"
 BODY = b'{"method":"supportedmethods","params":[]}'
 NOW = 1_750_000_000
+PAYLOAD = hashlib.sha256(BODY).hexdigest()
 
 
 def header(keys: Keys, tags: list | None = None, kind: int = 27235, created_at: int = NOW) -> str:
-    tags = [["u", URL], ["method", "POST"], ["payload", hashlib.sha256(BODY).hexdigest()]] if tags is None else tags
+    tags = [["u", URL], ["method", "POST"], ["payload", PAYLOAD]] if tags is None else tags
     event = keys.sign(kind=kind, tags=tags, created_at=created_at)
     return "Nostr " + base64.b64encode(json.dumps(event).encode()).decode()
 
@@ -29,9 +30,46 @@ def check(authorization: str, url: str = URL, method: str = "POST", body: bytes 
 
 
 def test_a_valid_auth_event_names_its_signer(alice):
-    """The u tag in either scheme, with or without a trailing slash; the method in any case."""
+    """The u tag in either scheme, with or without a trailing slash."""
     assert check(header(alice)).pubkey == alice.pubkey
-    assert check(header(alice), url="https://relay.example", method="post").pubkey == alice.pubkey
+    assert check(header(alice), url="https://relay.example").pubkey == alice.pubkey
+
+
+@pytest.mark.parametrize("scheme", ["Nostr", "nostr", "NOSTR", "nOsTr"])
+def test_the_scheme_is_case_insensitive(alice, scheme):
+    """RFC 9110 section 11.1: an auth scheme is matched in any case."""
+    assert check(scheme + header(alice).removeprefix("Nostr")).pubkey == alice.pubkey
+
+
+@pytest.mark.parametrize("tag_method, request_method", [("post", "POST"), ("POST", "post"), ("Post", "POST")])
+def test_the_method_tag_must_equal_the_request_method_exactly(alice, tag_method, request_method):
+    """RFC 9110 section 9.1: a method is case-sensitive, so `post` does not name a POST."""
+    authorization = header(alice, [["u", URL], ["method", tag_method], ["payload", PAYLOAD]])
+    with pytest.raises(Rejection) as refused:
+        check(authorization, method=request_method)
+    assert str(refused.value) == f"invalid: NIP-98: the method tag does not name {request_method}"
+
+
+@pytest.mark.parametrize("tags, name", [
+    ([["u", URL], ["u", "wss://other.example/"], ["method", "POST"], ["payload", PAYLOAD]], "u"),
+    ([["u", "wss://other.example/"], ["u", URL], ["method", "POST"], ["payload", PAYLOAD]], "u"),
+    ([["u", URL], ["method", "POST"], ["method", "GET"], ["payload", PAYLOAD]], "method"),
+    ([["u", URL], ["method", "POST"], ["method", "post"], ["payload", PAYLOAD]], "method"),
+    ([["u", URL], ["method", "POST"], ["payload", PAYLOAD], ["payload", hashlib.sha256(b"x").hexdigest()]],
+     "payload"),
+])
+def test_disagreeing_duplicate_tags_are_refused(alice, tags, name):
+    """Two u, method or payload tags with different values: refused whichever comes first, since the request
+    can only be one of them."""
+    with pytest.raises(Rejection) as refused:
+        check(header(alice, tags))
+    assert str(refused.value) == f"invalid: NIP-98: the auth event has {name} tags that disagree"
+
+
+def test_identical_duplicate_tags_are_accepted(alice):
+    """A u, method or payload tag repeated with the same value names the same request."""
+    tags = [["u", URL], ["method", "POST"], ["payload", PAYLOAD]]
+    assert check(header(alice, tags + tags)).pubkey == alice.pubkey
 
 
 @pytest.mark.parametrize("u", ["wss://evil@relay.example/", "wss://relay.example/?a=1", "wss://relay.example/#x"])

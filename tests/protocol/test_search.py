@@ -8,7 +8,7 @@ import pytest
 
 from relay.protocol.filters import parse_filter
 from relay.protocol.rejection import Rejection
-from relay.protocol.search import SearchQuery, Term, domain_token, parse_search
+from relay.protocol.search import SearchQuery, Term, cjk_bigrams, domain_token, parse_search
 
 
 def test_words_phrases_and_prefixes():
@@ -91,3 +91,38 @@ def test_a_filter_carries_its_search():
     assert f.search == SearchQuery((Term("nostr"),)) and f.kinds == {1}
     with pytest.raises(Rejection):
         parse_filter({"search": "x" * 11}, max_search_bytes=10)
+
+
+@pytest.mark.parametrize("text, tokens", [
+    ("日本語です", ["日本", "本語", "語で", "です", "す"]),
+    ("Bitcoinは比特币です", ["Bitcoin", "は比", "比特", "特币", "币で", "です", "す"]),
+    ("한국어를 배우다", ["한국", "국어", "어를", "를", "배우", "우다", "다"]),
+    ("猫、ネコ。", ["猫", "、", "ネコ", "コ", "。"]),
+])
+def test_a_cjk_run_is_indexed_as_its_bigrams_and_its_last_character(text, tokens):
+    """Each run of Han, kana or Hangul becomes one token per character: that character and the next, the last
+    alone; the other text around it is left as it is."""
+    assert cjk_bigrams(text).split() == tokens
+
+
+@pytest.mark.parametrize("text", ["cat concatenate", "café 10:30 C++", "Ünïcödé naïve", "ＢＩＴ Ω", ""])
+def test_text_without_cjk_is_indexed_as_it_is(text):
+    """Latin, Greek and fullwidth Latin keep unicode61's words: no word is split, so word boundaries hold."""
+    assert cjk_bigrams(text) == text
+
+
+@pytest.mark.parametrize("search, expression", [
+    ("日本語", '"日本 本語"'),
+    ("日本", '"日本"'),
+    ("猫", '"猫" *'),
+    ("比特币Bitcoin", '"比特 特币 币 Bitcoin"'),
+    ("Bitcoinは", '"Bitcoin は" *'),
+    ("Bitcoinは比特*", '"Bitcoin は比 比特" *'),
+    ('"日本語 です"', '"日本 本語 語 です"'),
+    ("日本語。", '"日本 本語"'),
+])
+def test_a_cjk_word_is_searched_as_the_phrase_of_its_bigrams(search, expression):
+    """A CJK run in a query is the phrase of its bigrams, so it is found anywhere inside an indexed run; a run
+    followed by more of the term keeps its last character, as the index does; one CJK character ending the term
+    is a prefix, of a bigram or of a run's last character."""
+    assert parse_search(search, 100).match_expression() == f"text : ({expression})"

@@ -31,9 +31,11 @@ def admin_config(pubkeys: list[str] | None = None, **admin) -> dict:
 
 
 def authorization(body: bytes, keys: sdk.Keys | None = None, url: str = PUBLIC_URL, method: str = "POST",
-                  created_at: int | None = None, kind: int = 27235, payload: str | None = None) -> str:
-    """`Nostr <base64 event>`: a NIP-98 event for `body`, signed by nostr-sdk; each argument can be made wrong."""
-    tags = [["u", url], ["method", method], ["payload", payload or hashlib.sha256(body).hexdigest()]]
+                  created_at: int | None = None, kind: int = 27235, payload: str | None = None,
+                  extra_tags: list[list[str]] = ()) -> str:
+    """`Nostr <base64 event>`: a NIP-98 event for `body`, signed by nostr-sdk; each argument can be made wrong,
+    and `extra_tags` follow the u, method and payload tags."""
+    tags = [["u", url], ["method", method], ["payload", payload or hashlib.sha256(body).hexdigest()], *extra_tags]
     builder = sdk.EventBuilder(sdk.Kind(kind), "").tags([sdk.Tag.parse(t) for t in tags])
     builder = builder.custom_created_at(sdk.Timestamp.from_secs(created_at or int(time.time())))
     event = builder.finalize(keys or admin_keys())

@@ -149,6 +149,26 @@ async def test_an_auth_event_is_accepted_once(managed):
     assert (await _post(managed, body, Authorization=authorization(body, created_at=now - 1)))[0] == 200
 
 
+async def test_the_scheme_in_any_case_authorizes_and_an_inexact_or_ambiguous_event_does_not(managed):
+    """`nostr` and `NOSTR` authorize as `Nostr` does (RFC 9110 section 11.1); a `post` method tag, and a second
+    u, method or payload tag that disagrees with the first, get 401 saying why."""
+    body, now = _body(), int(time.time())
+    for i, scheme in enumerate(("nostr", "NOSTR")):
+        signed = authorization(body, created_at=now - i).removeprefix("Nostr")
+        assert (await _post(managed, body, Authorization=scheme + signed))[0] == 200, scheme
+    refused = {
+        "invalid: NIP-98: the method tag does not name POST": authorization(body, method="post"),
+        "invalid: NIP-98: the auth event has u tags that disagree":
+            authorization(body, extra_tags=[["u", "wss://other.example"]]),
+        "invalid: NIP-98: the auth event has method tags that disagree":
+            authorization(body, extra_tags=[["method", "GET"]]),
+        "invalid: NIP-98: the auth event has payload tags that disagree":
+            authorization(body, extra_tags=[["payload", "00" * 32]]),
+    }
+    for error, auth in refused.items():
+        assert await _post(managed, body, Authorization=auth) == (401, {"error": error})
+
+
 async def test_the_u_tag_may_name_the_relay_in_either_scheme(managed):
     """NIP-86 says ws(s)://, NIP-98 http(s)://: both name the relay (as the NIP-42 relay tag is compared)."""
     for url in (PUBLIC_URL, PUBLIC_URL.replace("wss://", "https://") + "/"):

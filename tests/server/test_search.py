@@ -4,10 +4,11 @@ after EOSE, NEG-OPEN, and NIP-11."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
-from tests.helpers import Client
+from tests.helpers import REAL_EVENTS, Client, read_jsonl
 from tests.served import nip11
 
 
@@ -67,6 +68,40 @@ async def test_live_events_after_eose_match_the_search(relay, client, alice):
             await client.recv(timeout=0.5)
     finally:
         await writer.close()
+
+
+REAL_CJK_NOTES = ("d049e559", "57e8b7b1", "28691679")
+"""Real notes of ../shared/data: Chinese (人们如何能更好地治理自己？), Japanese with "YouTube" (YouTube で動画見る
+ときは、片画面ミラーリングモードで...), Japanese with "Nostr" (...「で、Nostrって流行ってんの？」...ビットコイン...)."""
+
+
+async def test_cjk_words_inside_real_sentences_are_found_stored_and_live(relay, client, alice):
+    """A Chinese or Japanese word inside a sentence, and a Latin word glued to Japanese, find the same real notes
+    live after EOSE as from the stored events afterwards; `cat` finds no `concatenate` either way."""
+    chinese, japanese, mixed = sorted((e for e in read_jsonl(REAL_EVENTS) if e["id"][:8] in REAL_CJK_NOTES),
+                                      key=lambda e: REAL_CJK_NOTES.index(e["id"][:8]))
+    latin = alice.sign(content="concatenate the strings")
+    expected = {"治理": [chinese], "自己": [chinese], "動画": [japanese], "ミラーリング": [japanese],
+                "YouTube": [japanese], "画面": [japanese], "Nostr": [mixed], "流行": [mixed],
+                "ビットコイン": [mixed], "cat": [], "concatenate": [latin]}
+    subscriptions = {f"s{i}": word for i, word in enumerate(expected)}
+    for sub_id, word in subscriptions.items():
+        assert await client.req(sub_id, {"search": word}) == []
+    writer = await Client.connect(relay.url)
+    try:
+        for event in (chinese, japanese, mixed, latin):
+            assert (await writer.publish(event))[2] is True, event["id"]
+    finally:
+        await writer.close()
+    live: dict[str, set[str]] = {sub_id: set() for sub_id in subscriptions}
+    with contextlib.suppress(asyncio.TimeoutError):  # then no more: the last recv waits 0.5 s for nothing
+        for timeout in [5.0] * sum(map(len, expected.values())) + [0.5]:
+            reply = await client.recv(timeout=timeout)
+            assert reply[0] == "EVENT", reply
+            live[reply[1]].add(reply[2]["id"])
+    for sub_id, word in subscriptions.items():
+        assert live[sub_id] == {e["id"] for e in expected[word]}, word
+        assert {e["id"] for e in await client.req("stored", {"search": word})} == live[sub_id], word
 
 
 async def test_neg_open_with_a_search_gets_neg_err_blocked(client):

@@ -13,6 +13,7 @@ from relay.commands.projectors import run_verify
 from relay.hooks import hooks
 from relay.node import open_store
 from relay.protocol.filters import parse_filter
+from relay.protocol.search import parse_search
 from relay.store.queries import compile_filter
 from relay.store.search import TABLE, SearchIndex
 from relay.store.search.index import DELETE_SQL, read_record
@@ -51,6 +52,19 @@ async def test_words_phrases_prefixes_and_diacritics(store):
     assert await search(store, {"search": '"source open"'}) == []
     assert sorted(await search(store, {"search": "sourc*"})) == ["open source coffee", "sourcing beans"]
     assert await search(store, {"search": "C++ NEAR( bitcoin OR"}) == []
+
+
+async def test_cjk_words_are_found_inside_sentences_and_latin_keeps_its_word_boundaries(store):
+    """A Japanese or Chinese word inside a sentence is found, and so are the Latin and the CJK words of mixed
+    text; a CJK word is not found across punctuation, nor a Latin word inside a longer one."""
+    notes = ["日本語の勉強は楽しいです", "人们如何能更好地治理自己？", "Bitcoinは比特币です", "日、本",
+             "concatenate the strings", "Nostrって流行ってんの"]
+    await store_events(store, [ALICE.sign(content=c, created_at=NOW - i) for i, c in enumerate(notes)])
+    expected = {"日本語": [0], "勉強": [0], "楽しい": [0], "です": [0, 2], "治理": [1], "自己": [1], "Bitcoin": [2],
+                "比特币": [2], "比特": [2], "Bitcoinは比特币": [2], "日本": [0], "本": [0, 3],
+                "す": [0, 2], "nostr": [5], "流行": [5], "cat": [], "concat*": [4], "string": []}
+    for word, found in expected.items():
+        assert sorted(await search(store, {"search": word})) == sorted(notes[i] for i in found), word
 
 
 async def test_relevance_then_newest_then_limit(store):
@@ -195,6 +209,37 @@ async def test_changing_search_rebuilds_and_unchanged_costs_nothing(tmp_path):
                                                        (TABLE,)).fetchone() is None
     conn.close()
     assert (await open_and_close(config)).rebuilt == "new"
+    assert run_verify(config) == 0
+
+
+OLD_LAYOUT = "fts5 unicode61 remove_diacritics 2; text 1"
+"""The `layout` of the indexes made before CJK runs were indexed as bigrams (each run was one token)."""
+
+
+async def test_an_index_of_the_old_tokenization_is_rebuilt_at_start(tmp_path, capsys):
+    """An index made when a CJK run was one token (its rows and its `meta` layout as that version wrote them)
+    does not find a word inside a Japanese sentence; `relay verify` says so, and the next start rebuilds it."""
+    config = make_config(tmp_path)
+    store = await open_store(config, read_connections=1)
+    await store_events(store, [ALICE.sign(content="日本語の勉強は楽しい")])
+    await store.close()
+    conn = sqlite3.connect(config.store.path)
+    with conn:
+        conn.execute(f"INSERT INTO {TABLE} ({TABLE}) VALUES ('delete-all')")
+        conn.executemany(f"INSERT INTO {TABLE} (rowid, text, domain) VALUES (?, ?, '')",
+                         [(seq, json.loads(raw)["content"]) for seq, raw in conn.execute("SELECT seq, raw FROM events")])
+        conn.execute("UPDATE meta SET value = json_set(value, '$.layout', ?) WHERE key = 'search_index'", (OLD_LAYOUT,))
+    assert conn.execute(f"SELECT count(*) FROM {TABLE} WHERE {TABLE} MATCH ?",
+                        (parse_search("勉強", 100).match_expression(),)).fetchone() == (0,)
+    conn.close()
+    assert run_verify(config) == 1
+    assert "search index: not built for this configuration" in capsys.readouterr().out
+    assert (await open_and_close(config)).rebuilt == "settings changed"
+    store = await open_store(config, read_connections=1)
+    try:
+        assert await search(store, {"search": "勉強"}) == ["日本語の勉強は楽しい"]
+    finally:
+        await store.close()
     assert run_verify(config) == 0
 
 

@@ -28,7 +28,8 @@ KEYS = [Keys(k) for k in range(1, 4)]
 NOW = int(time.time())
 WORDS = ["café", "cafe", "CAFÉ", "naïve", "naive", "bitcoin", "bit", "coin", "10:30", "C++", "don't", "über",
          "日本語", "emoji😀", "a-b", "x_y", "OR", "NEAR", "AND", "NOT", "(", ")", '"', "*", ":", "^", "-", "+",
-         "domain:example.com", "ﬁ", "İstanbul", "ß", "\u0301"]
+         "domain:example.com", "ﬁ", "İstanbul", "ß", "\u0301", "日本語です", "比特币", "Bitcoinは比特币", "東京", "猫",
+         "ビットコイン", "한국어를", "、"]
 DOMAINS = ["example.com", "Example.COM", "sub.example.com", "other.org"]
 
 texts = st.lists(st.sampled_from(WORDS), max_size=6).flatmap(

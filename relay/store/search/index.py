@@ -11,12 +11,13 @@ row and the removed ones (superseded, deleted, expired, vanished, evicted)
 lose theirs, deleted by their original values, which `document_of_raw`
 recomputes from the removed row's JSON.
 
-`meta` holds the index's settings under `search_index` (kinds, tokenizer and
-text layout) and its state.  At setup an unchanged, "current" index costs one
-lookup; otherwise the table is dropped, created again and filled from
-`events` in batches (one transaction each, state "building" until the last
-commits, so a crash mid-way rebuilds again at the next start): the way a
-changed projector is rebuilt.  `DropSearchIndex` removes the table and its
+`meta` holds the index's settings under `search_index` (kinds, tokenizer,
+version of the CJK bigrams, text layout) and its state.  At setup an
+unchanged, "current" index costs one lookup; otherwise the table is
+dropped, created again and filled from `events` in batches (one
+transaction each, state "building" until the last commits, so a crash
+mid-way rebuilds again at the next start): the way a changed projector is
+rebuilt.  `DropSearchIndex` removes the table and its
 record when search is disabled.
 """
 
@@ -29,6 +30,7 @@ from collections.abc import Iterable
 import orjson
 import structlog
 
+from relay.protocol.search import CJK_SEGMENTATION
 from relay.store.db import transaction
 from relay.store.search.text import document, document_of_raw
 from relay.store.writes import Changes, ids_in
@@ -37,8 +39,8 @@ log = structlog.get_logger(__name__)
 
 TABLE = "search_text"
 TOKENIZER = "unicode61 remove_diacritics 2"
-LAYOUT = f"fts5 {TOKENIZER}; text 1"
-"""The index's form: a change (tokenizer, what text.py extracts) rebuilds every stored index."""
+LAYOUT = f"fts5 {TOKENIZER}; {CJK_SEGMENTATION}; text 1"
+"""The index's form: a change (tokenizer, CJK bigrams, what text.py extracts) rebuilds every stored index."""
 META_KEY = "search_index"
 REBUILD_BATCH = 10_000
 """Events per rebuild transaction."""

@@ -3,7 +3,8 @@
 Kind 0 (NIP-01 metadata): the `name`, `display_name`, `about` and `nip05`
 strings of the JSON content (content that is not a JSON object gives no
 text); kind 30023 (NIP-23): the first `title` and `summary` tags and the
-content; any other kind: the content.  The same function feeds inserts,
+content; any other kind: the content.  CJK runs are written as bigrams
+(`cjk_bigrams`, relay/protocol/search.py).  The same function feeds inserts,
 deletions (contentless FTS5 deletes a row by its original values), the
 rebuild, `relay verify` and live matching, so they always agree.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import orjson
 
-from relay.protocol.search import domain_token
+from relay.protocol.search import cjk_bigrams, domain_token
 
 PROFILE_KIND = 0
 ARTICLE_KIND = 30023
@@ -29,8 +30,14 @@ def nip05_domain(nip05: str) -> str:
 
 
 def document(kind: int, content: str, tags: list) -> tuple[str, str]:
-    """(text, domain column) of an event of `kind`; the domain column is `domain_token` of a profile's
-    `nip05` domain, else ""."""
+    """(text, domain column) of an event of `kind`: the text with its CJK runs as bigrams; the domain column
+    is `domain_token` of a profile's `nip05` domain, else ""."""
+    text, domain = _fields(kind, content, tags)
+    return cjk_bigrams(text), domain
+
+
+def _fields(kind: int, content: str, tags: list) -> tuple[str, str]:
+    """(text as written, domain column) of an event of `kind` (see `document`)."""
     if kind == PROFILE_KIND:
         try:
             profile = orjson.loads(content)
