@@ -23,7 +23,7 @@ RUN groupadd --system --gid 10001 relay \
  && mkdir /data \
  && chown relay:relay /data
 COPY --from=build /opt/relay /opt/relay
-# Listen on every interface of the container; keep the database (and the node key, sync.key) on the volume.
+# Listen on every interface of the container; keep the database (and its node key, relay.db.key) on the volume.
 ENV PATH=/opt/relay/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     RELAY_SERVER__HOST=0.0.0.0 \

@@ -83,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     only.add_argument("--table", type=types.text, metavar="NAME", help="the rows of this projected table inserted, replaced and "
                       "removed instead (one of [store] row_change_tables)")
     key = commands.add_parser("key", parents=[common], help="print a node's pubkey (--file: creating that key file if absent)")
-    key.add_argument("--file", type=types.key_file, help="the key file (default: sync.secret_key_file, else sync.key beside the db)")
+    key.add_argument("--file", type=types.key_file, help="the key file (default: sync.secret_key_file, else <db>.key beside the db)")
     backup = commands.add_parser("backup", parents=[common], help="write a consistent copy of the database "
                                  "(while the relay serves)")
     backup.add_argument("path", type=types.output_file, help="the copy's file name; must not exist")

@@ -342,8 +342,8 @@ class SyncConfig:
     reconciliation needs.
     """
 
-    secret_key_file: str = key("", 'file of this node\'s secret key, created at first start; "": sync.key beside '
-                                   "store.path", restart=True)
+    secret_key_file: str = key("", 'file of this node\'s secret key, created at first start; "": the database\'s, '
+                                   "store.path + .key beside it", restart=True)
     interval_seconds: float = key(300.0, "time between full reconciliations with each configured peer",
                                   unit="seconds", min=0.1)
     frame_size_limit: int = key(60_000, "bytes per negentropy message we send", unit="bytes", min=MIN_FRAME_SIZE_LIMIT)

@@ -1,4 +1,6 @@
-"""The node's own key: created once with mode 0600; answers NIP-42 AUTH challenges of peers (and will sign records)."""
+"""The node's own key: created once with mode 0600; answers NIP-42 AUTH challenges of peers and signs records.
+
+By default each database has its own (`key_path`), beside it."""
 
 from __future__ import annotations
 
@@ -43,11 +45,34 @@ class NodeKey:
         return self.sign_event(AUTH_KIND, [["relay", relay_url], ["challenge", challenge]])
 
 
+KEY_SUFFIX = ".key"  # the default key file: the database's file name and this, beside it
+LEGACY_KEY_FILE = "sync.key"  # the default before: one per folder, whatever the databases in it
+
+
 def key_path(secret_key_file: str, db_path: str) -> Path:
-    """Where the node key lives: `secret_key_file`, or `sync.key` beside the database when it is ""."""
+    """Where the node key lives: `secret_key_file`, or when it is "" the database's own, beside it
+    (`data/relay.db` -> `data/relay.db.key`): two databases, two nodes, two keys.
+
+    With the default, a database whose key file is absent takes over the `sync.key` an earlier version left in
+    its folder (the identity its peers know): renamed, so that one database only gets it (the others get new
+    keys), and logged `node_key_taken_over`.
+    """
     if secret_key_file:
         return Path(secret_key_file)
-    return Path(db_path).parent / "sync.key"
+    db = Path(db_path)
+    path = db.with_name(db.name + KEY_SUFFIX)
+    legacy = db.parent / LEGACY_KEY_FILE
+    if not path.exists():
+        try:
+            os.rename(legacy, path)  # atomic: one database wins it
+        except FileNotFoundError:
+            pass  # none left there, or another database's already
+        except OSError as exc:
+            log.warning("node_key_take_over_failed", legacy=str(legacy), path=str(path), error=str(exc))
+        else:
+            log.warning("node_key_taken_over", legacy=str(legacy), path=str(path),
+                        hint="the node key of this database is now this file, one per database")
+    return path
 
 
 def load_or_create(path: Path) -> NodeKey:

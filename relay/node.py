@@ -23,7 +23,9 @@ import asyncio
 import ctypes
 import errno
 import gc
+import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -56,6 +58,7 @@ from relay.sync.scheduler import Scheduler, node_key, start_sync
 
 log = structlog.get_logger(__name__)
 
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}  # `relay serve` stops cleanly on either (README "Shutdown")
 _SWITCH_INTERVAL_SECONDS = 0.0005
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 _MMAP_THRESHOLD_BYTES = 1_048_576
@@ -143,7 +146,6 @@ class Node:
             await store.close()
             await self.ingest.aclose()
             raise
-        log.info("relay_started", url=self.url, db=str(self.config.store.path))
 
     def _start_background(self) -> None:
         """The expiry purge, the moderation refresh, memory trim, retention and the background builds of new or
@@ -311,12 +313,12 @@ def _hold_locks(config: Config) -> list[InstanceLock]:
     return held
 
 
-async def run(config: Config, serve: Callable[[Config], Awaitable[int]] | None = None) -> int:
+async def run(config: Config, serve: Callable[[Config, asyncio.Event], Awaitable[int]] | None = None) -> int:
     """`relay serve`: serve until SIGINT/SIGTERM or until the store fails; returns the process exit code.
 
     Exits 2, printing one line naming the holder's pid, when another relay serves the database or holds the port.
-    `serve(config)` runs once the locks are held (None: this process serves alone; relay/supervisor.py gives
-    the writer and its worker processes).
+    `serve(config, stop)` runs once the locks are held, `stop` set by SIGINT or SIGTERM (None: this process
+    serves alone; relay/supervisor.py gives the writer and its worker processes).
     """
     try:
         check_location(Path(config.store.path))  # before the lock file beside it: one line, not an OSError
@@ -331,7 +333,10 @@ async def run(config: Config, serve: Callable[[Config], Awaitable[int]] | None =
         print(f"relay: cannot lock the database or port: {exc}", file=sys.stderr)
         return 1
     try:
-        return await (serve or _serve)(config)
+        stop = stop_on_signals()
+        if stop.is_set():  # asked while the process started: nothing is started
+            return 0
+        return await (serve or _serve)(config, stop)
     finally:
         for lock in locks:
             lock.release()
@@ -346,9 +351,7 @@ async def start_or_exit_code(node: Node) -> int | None:
         log.error("database_unusable", path=exc.path, error=exc.reason)
         return 2
     except OSError as exc:
-        hint = {"hint": f"another process listens there: {PORT_ADVICE}"} if exc.errno == errno.EADDRINUSE else {}
-        log.error("listen_failed", host=config.server.host, port=config.server.port, error=str(exc), **hint)
-        return 1
+        return listen_failed(config, exc)
     except NodeKeyError as exc:  # peers configured, but no key to answer their AUTH with: as a bad config
         log.error("node_key_unavailable", error=str(exc))
         await node.stop()
@@ -356,12 +359,33 @@ async def start_or_exit_code(node: Node) -> int | None:
     return None
 
 
+def listen_failed(config: Config, exc: OSError) -> int:
+    """Log `listen_failed` for `config.server`'s address, with how to choose another port when another process
+    holds it; the exit code, 1.  The same line whichever socket failed (one process's server, or the port a
+    writer reserves for its workers): the error as its errno names it."""
+    named = exc.errno and not isinstance(exc, socket.gaierror)  # (asyncio's bind errors add to the kernel's words)
+    error = f"[Errno {exc.errno}] {os.strerror(exc.errno)}" if named else str(exc)
+    hint = {"hint": f"another process listens there: {PORT_ADVICE}"} if exc.errno == errno.EADDRINUSE else {}
+    log.error("listen_failed", host=config.server.host, port=config.server.port, error=error, **hint)
+    return 1
+
+
 def stop_on_signals() -> asyncio.Event:
-    """An event set by SIGINT or SIGTERM.  Installed first: a signal during start-up (peers being set up after
-    /health answers) must still end in a clean stop, not kill the process."""
+    """An event set by SIGINT or SIGTERM, taken by the running loop; set at once if one came before.
+
+    A stop signal that came while the process started waits, blocked, until now: `relay serve` blocks
+    SIGINT and SIGTERM before its imports (relay/__main__.py) and a writer starts its workers with them
+    blocked (relay/supervisor.py), where Python would raise KeyboardInterrupt wherever start-up was (a
+    traceback).  Installed first in each process: a stop asked at any moment of start-up ends in a clean stop.
+    """
     stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    loop = asyncio.get_running_loop()
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, stop.set)
+    held_back = signal.sigpending() & STOP_SIGNALS  # (the loop runs its handler later: set it now)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    if held_back:
+        stop.set()
     return stop
 
 
@@ -377,17 +401,20 @@ async def serve_until_stopped(node: Node, stop: asyncio.Event) -> int:
     return 0
 
 
-async def _serve(config: Config) -> int:
-    stop = stop_on_signals()
+async def _serve(config: Config, stop: asyncio.Event) -> int:
     unmap_large_blocks_when_freed()
     node = Node(config)
     if (code := await start_or_exit_code(node)) is not None:
         return code
-    tune_after_start()
-    # Command-line writes (relay import, sync, ban, record) reach this process's writer and its subscribers.
-    channel = ChannelServer(socket_path(config.store.path), node.ingest)
-    await channel.start()
+    channel = None
+    if not stop.is_set():  # (a stop asked while it started: it is not said to have started)
+        tune_after_start()
+        # Command-line writes (relay import, sync, ban, record) reach this process's writer and its subscribers.
+        channel = ChannelServer(socket_path(config.store.path), node.ingest)
+        await channel.start()
+        log.info("relay_started", url=node.url, db=str(config.store.path))
     code = await serve_until_stopped(node, stop)
-    await channel.close()
+    if channel is not None:
+        await channel.close()
     await node.stop()
     return code

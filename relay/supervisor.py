@@ -23,7 +23,10 @@ it held in the per-IP table and its live gauges are dropped first.  SIGTERM or S
 worker is sent SIGTERM and drains (its connections get the OKs of what they
 sent, the writer still answering), past `shutdown_timeout_seconds` it is
 killed; then the writer stops as one process does.  The same SIGTERM sent to
-the whole process group ends the same way.  A writer that fails stops the
+the whole process group ends the same way, at any moment of start-up too
+(Ctrl-C): workers start with SIGINT and SIGTERM blocked until their loop takes
+them, no worker is started again once a stop is asked, and nothing is logged as
+started after it.  A writer that fails stops the
 relay (exit 1); if this process dies, its workers see the channel close, and
 the parent-death signal, and exit (relay/worker.py).
 """
@@ -36,9 +39,11 @@ import os
 import pickle
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import structlog
@@ -47,8 +52,8 @@ from relay.channel.frames import socket_path
 from relay.channel.writer import ChannelServer
 from relay.config import Config
 from relay.metrics import Metrics, mark_process_dead, start_multiprocess
-from relay.node import (Node, run, serve_until_stopped, start_or_exit_code, stop_on_signals, tune_after_start,
-                        unmap_large_blocks_when_freed)
+from relay.node import (STOP_SIGNALS, Node, listen_failed, run, serve_until_stopped, start_or_exit_code,
+                        tune_after_start, unmap_large_blocks_when_freed)
 from relay.processes import PROCESSES_FILE, WorkerProcess, write_processes
 from relay.protocol.event import Event
 from relay.runtime import runtime_dir
@@ -85,7 +90,7 @@ def _cgroup_cpus() -> int | None:
 async def serve(config: Config) -> int:
     """`relay serve`: one process when `server.workers` is 0, else a writer and its workers; the exit code."""
     count = worker_count(config.server.workers)
-    return await run(config, None if count == 0 else lambda c: serve_processes(c, count))
+    return await run(config, None if count == 0 else lambda c, stop: serve_processes(c, count, stop))
 
 
 class WorkerPool:
@@ -93,22 +98,24 @@ class WorkerPool:
 
     Each start or restart rewrites the runtime directory's processes file (`relay status`); a worker that dies
     leaves the shared per-IP table (`ip_table.clear_worker`) and the metrics' live sums (`mark_process_dead`)
-    before the next one starts.
+    before the next one starts.  None starts again once `stop` (SIGINT or SIGTERM) is set.
     """
 
     def __init__(self, config_path: Path, port: int, count: int, metrics: Metrics, ip_table: IpTable,
-                 runtime: Path) -> None:
+                 runtime: Path, stop: asyncio.Event) -> None:
         self.config_path = config_path
         self.port = port
         self.count = count
         self.metrics = metrics
         self.ip_table = ip_table
         self.runtime = runtime
+        self._stop_asked = stop  # SIGINT or SIGTERM
         self.stopping = False
         self.started = time.time()  # the writer's start, for the processes file
-        self._procs: dict[int, asyncio.subprocess.Process] = {}
+        self._procs: dict[int, subprocess.Popen] = {}
         self._states: dict[int, WorkerProcess] = {}
         self._tasks: list[asyncio.Task] = []
+        self._waits = ThreadPoolExecutor(count, thread_name_prefix="worker-wait")  # one blocked wait per worker
 
     def start(self) -> None:
         """Start every worker, each kept running by a task of its own."""
@@ -128,26 +135,32 @@ class WorkerPool:
                     log.warning("worker_killed", worker=index, waited_seconds=timeout)
                     proc.kill()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._waits.shutdown(wait=False)
+
+    def _ends(self) -> bool:
+        """Whether the relay stops (so a worker that exits is not started again)."""
+        return self.stopping or self._stop_asked.is_set()
 
     async def _keep(self, index: int) -> None:
         restarts = 0
         while True:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "relay.worker", str(self.config_path), str(index), str(self.port),
-                str(self.count), stdin=asyncio.subprocess.DEVNULL)
+            proc = _spawn_worker([sys.executable, "-m", "relay.worker", str(self.config_path), str(index),
+                                  str(self.port), str(self.count)])
             self._procs[index] = proc
             self._states[index] = WorkerProcess(index, proc.pid, time.time(), restarts)
             self._write_processes()
-            code = await proc.wait()
+            code = await asyncio.get_running_loop().run_in_executor(self._waits, proc.wait)
             self.ip_table.clear_worker(index)  # its connections' places and unsent bytes, per IP
             if self.metrics.multiprocess_dir is not None:
                 mark_process_dead(proc.pid, self.metrics.multiprocess_dir)
-            if self.stopping:
+            if self._ends():
+                return
+            await asyncio.sleep(_RESTART_DELAY_SECONDS)  # (a crash loop stays slow; a stop asked meanwhile is seen)
+            if self._ends():
                 return
             restarts += 1
             self.metrics.worker_restarts.inc()
             log.warning("worker_restarted", worker=index, exit_code=code)
-            await asyncio.sleep(_RESTART_DELAY_SECONDS)
 
     def _write_processes(self) -> None:
         try:
@@ -184,18 +197,20 @@ class Processes:
 
     async def start(self, stop: asyncio.Event | None = None) -> int | None:
         """Reserve the port, start the writer's node, the channel and the workers; None once every worker
-        listens, else the exit code (the failure logged, what had started stopped again).  `stop`, when set,
-        ends the wait for the workers."""
+        listens, else the exit code (the failure logged, what had started stopped again).  `stop` (SIGINT or
+        SIGTERM), once set, starts nothing more and ends the wait for the workers (None: `stop()` follows)."""
         config = self.config
+        stop = stop or asyncio.Event()
         try:
             self._reserved = reuseport_socket(config.server.host, config.server.port)
         except OSError as exc:
-            log.error("listen_failed", host=config.server.host, port=config.server.port, error=str(exc))
-            return 1
+            return listen_failed(config, exc)
         self.port = self._reserved.getsockname()[1]
         if (code := await start_or_exit_code(self.node)) is not None:
             self._reserved.close()
             return code
+        if stop.is_set():
+            return None
         node = self.node
         self._channel = channel = ChannelServer(socket_path(config.store.path), node.ingest)
         await channel.start()
@@ -206,9 +221,9 @@ class Processes:
         if node.metrics.multiprocess_dir is not None:
             self._refresh = asyncio.create_task(node.metrics.refresh_forever(), name="metrics-refresh")
         self._pool = WorkerPool(self._config_path, self.port, self.count, node.metrics, self._ip_table,
-                                self._runtime)
+                                self._runtime, stop)
         self._pool.start()
-        if not await _wait_for_workers(channel, self.count, stop or asyncio.Event()):
+        if not await _wait_for_workers(channel, self.count, stop):
             await self.stop()
             return 1
         return None
@@ -230,31 +245,48 @@ class Processes:
         self._config_path.unlink(missing_ok=True)
 
 
-async def serve_processes(config: Config, count: int) -> int:
-    """The writer process of `count` workers (see the module): serve until SIGINT/SIGTERM; the exit code."""
-    stop = stop_on_signals()
+async def serve_processes(config: Config, count: int, stop: asyncio.Event) -> int:
+    """The writer process of `count` workers (see the module): serve until `stop` (SIGINT/SIGTERM); the exit
+    code."""
     unmap_large_blocks_when_freed()
     processes = Processes(config, count, start_multiprocess(runtime_dir(config.store.path)))
     if (code := await processes.start(stop)) is not None:
         return code
-    tune_after_start(serves_clients=False)
-    log.info("relay_started", url=processes.url, db=str(config.store.path), workers=count)
+    if not stop.is_set():  # (a stop asked while it started: it is not said to have started)
+        tune_after_start(serves_clients=False)
+        log.info("relay_started", url=processes.url, db=str(config.store.path), workers=count)
     code = await serve_until_stopped(processes.node, stop)
     await processes.stop()
     return code
 
 
 async def _wait_for_workers(channel: ChannelServer, count: int, stop: asyncio.Event) -> bool:
-    """True once `count` workers said hello (or `stop` is set); False, logged, past START_TIMEOUT_SECONDS."""
+    """True once `count` workers said hello, or as soon as `stop` is set; False, logged, past
+    START_TIMEOUT_SECONDS."""
     deadline = asyncio.get_running_loop().time() + START_TIMEOUT_SECONDS
     while len(channel.workers) < count and not stop.is_set():
         channel.ready.clear()
-        try:
-            await asyncio.wait_for(channel.ready.wait(), deadline - asyncio.get_running_loop().time())
-        except TimeoutError:
+        waits = {asyncio.create_task(channel.ready.wait()), asyncio.create_task(stop.wait())}
+        done, _ = await asyncio.wait(waits, timeout=deadline - asyncio.get_running_loop().time(),
+                                     return_when=asyncio.FIRST_COMPLETED)
+        for wait in waits:
+            wait.cancel()
+        if not done:
             log.error("workers_not_started", started=len(channel.workers), workers=count)
             return False
     return True
+
+
+def _spawn_worker(args: list[str]) -> subprocess.Popen:
+    """Start a worker process with SIGINT and SIGTERM blocked (a mask survives fork and exec): a stop signal
+    that reaches it before its loop can take it (its interpreter starting, its imports; Ctrl-C reaches the
+    whole process group) waits for `stop_on_signals` in `serve_worker`, where Python would raise
+    KeyboardInterrupt.  (uvloop's subprocesses start with every signal unblocked, hence subprocess.Popen.)"""
+    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return subprocess.Popen(args, stdin=subprocess.DEVNULL)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
 
 
 def _both(first: Callable[[Event], None] | None, then: Callable[[Event], None]) -> Callable[[Event], None]:

@@ -18,6 +18,8 @@ It stops on SIGTERM or SIGINT (stops accepting, each connection gets the
 OKs of the events it took, exit 0), and at once with exit 1 when the
 channel closes or the writer process dies (`writer_lost`; SIGUSR1 is the
 parent-death signal, a second guard): nothing it took could be acknowledged.
+The writer starts it with SIGTERM and SIGINT blocked, taken once its loop
+runs: one that came earlier stops it then, before it listens or says it started.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from relay.ingest import Ingest
 from relay.ingest.moderation import Moderation
 from relay.logging import configure_logging
 from relay.metrics import CONTENT_TYPE, Metrics, inherited_multiprocess
-from relay.node import add_status_page, tune_after_start, unmap_large_blocks_when_freed
+from relay.node import add_status_page, stop_on_signals, tune_after_start, unmap_large_blocks_when_freed
 from relay.runtime import runtime_dir
 from relay.server.app import RelayServer
 from relay.server.ratelimit import open_ip_table
@@ -91,9 +93,7 @@ async def serve_worker(config: Config, index: int, port: int, count: int) -> int
     structlog.contextvars.bind_contextvars(worker=index)
     config = worker_config(config, count)  # its part of the relay-wide memory budgets
     loop = asyncio.get_running_loop()
-    stop, lost = asyncio.Event(), asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop, lost = stop_on_signals(), asyncio.Event()
     loop.add_signal_handler(signal.SIGUSR1, lost.set)
     store = await Store.open_reader(config.store.path, config.store.options(None, config.server.public_url),
                                     hooks(config))  # (their indexes are read here: NIP-77, NIP-50)
@@ -117,28 +117,23 @@ async def serve_worker(config: Config, index: int, port: int, count: int) -> int
     server.health = lambda: _health(channel, count, index)
     server.server_header = {"server_header": f"relay worker {index}"}
     await follower.start()  # the feed's head, before any subscription can exist here
-    await server.listen(reuseport_socket(config.server.host, port))
-    metrics.watch(store, server, None)
-    metrics.watch_policies(ingest.policies)
-    tasks = [asyncio.create_task(channel.run(), name="channel"),
-             asyncio.create_task(moderation.refresh_forever(), name="moderation-refresh")]
-    if metrics.multiprocess_dir is not None:
-        tasks.append(asyncio.create_task(metrics.refresh_forever(), name="metrics-refresh"))
-    tune_after_start()
-    channel.hello(index)
-    log.info("worker_started", url=server.url, port=server.port)
-    stopped, writer_gone = asyncio.create_task(stop.wait()), asyncio.create_task(lost.wait())
-    await asyncio.wait({stopped, writer_gone, tasks[0]}, return_when=asyncio.FIRST_COMPLETED)
-    code = 0
-    deadline = loop.time() + config.server.shutdown_timeout_seconds
-    if not stopped.done():
-        log.error("writer_lost", hint="the writer process is gone: this worker stops, as nothing it takes could "
-                                      "be acknowledged")
-        code = 1
-        deadline = loop.time()  # no drain: no OK can come
+    if not stop.is_set():  # (a stop asked while it started: it neither listens nor says it started)
+        await server.listen(reuseport_socket(config.server.host, port))
+    code, deadline = 0, loop.time()
+    if not stop.is_set():
+        metrics.watch(store, server, None)
+        metrics.watch_policies(ingest.policies)
+        tasks = [asyncio.create_task(channel.run(), name="channel"),
+                 asyncio.create_task(moderation.refresh_forever(), name="moderation-refresh")]
+        if metrics.multiprocess_dir is not None:
+            tasks.append(asyncio.create_task(metrics.refresh_forever(), name="metrics-refresh"))
+        tune_after_start()
+        channel.hello(index)
+        log.info("worker_started", url=server.url, port=server.port)
+        code, deadline = await _until_stopped(stop, lost, tasks[0], config.server.shutdown_timeout_seconds)
+        for task in tasks:
+            task.cancel()
     await server.close(deadline)
-    for task in (*tasks, stopped, writer_gone):
-        task.cancel()
     follower.stop()
     channel.close()
     moderation.close()
@@ -147,6 +142,22 @@ async def serve_worker(config: Config, index: int, port: int, count: int) -> int
     ip_table.close()
     log.info("worker_stopped", exit_code=code)
     return code
+
+
+async def _until_stopped(stop: asyncio.Event, lost: asyncio.Event, channel: asyncio.Task,
+                         drain_seconds: float) -> tuple[int, float]:
+    """Wait for a stop signal, or for the writer's loss (`lost`: the parent-death signal, or `channel` ended);
+    the exit code and the loop time to drain connections until (none when the writer is gone)."""
+    loop = asyncio.get_running_loop()
+    stopped, writer_gone = asyncio.create_task(stop.wait()), asyncio.create_task(lost.wait())
+    await asyncio.wait({stopped, writer_gone, channel}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    writer_gone.cancel()
+    if stop.is_set():
+        return 0, loop.time() + drain_seconds
+    log.error("writer_lost", hint="the writer process is gone: this worker stops, as nothing it takes could "
+                                  "be acknowledged")
+    return 1, loop.time()  # no drain: no OK can come
 
 
 def _health(channel: WriterChannel, count: int, index: int) -> tuple[bool, dict]:

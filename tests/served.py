@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import IO
 
 START_TIMEOUT = 15  # seconds for `relay serve` to answer /health
 
@@ -96,17 +97,19 @@ def answers_health(port: int) -> bool:
 class Served:
     """`python -m relay serve ARGS` as a subprocess, logs to files; always terminated on exit."""
 
-    def __init__(self, tmp_path: Path, *args, env: dict | None = None, new_session: bool = False) -> None:
+    def __init__(self, tmp_path: Path, *args, env: dict | None = None, new_session: bool = False,
+                 stdout: IO | int = subprocess.DEVNULL) -> None:
         self.tmp_path = tmp_path
         self.args = [sys.executable, "-m", "relay", "serve", *map(str, args)]
         self.env = env or clean_env()
         self.new_session = new_session  # a process group of its own (to signal the whole group)
+        self.stdout = stdout  # where its stdout goes (a file: to read what it printed)
         self.proc: subprocess.Popen | None = None
         self.stderr_path = tmp_path / f"serve-{time.monotonic_ns()}.stderr"
 
     def __enter__(self) -> Served:
         self._stderr = self.stderr_path.open("wb")
-        self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=self.stdout,
                                      stderr=self._stderr, env=self.env, cwd=self.tmp_path,
                                      start_new_session=self.new_session)
         return self

@@ -3,7 +3,9 @@ meet, a bad `[server] paths`; and `RELAY_CONFIG` as the default `--config`."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import socket
 
 import pytest
@@ -14,15 +16,22 @@ from tests.served import clean_env, relay_cli
 
 def test_a_port_in_use_says_how_to_choose_another(tmp_path):
     """Exit 1 with `listen_failed` naming the port and the two ways to choose another (--port,
-    RELAY_SERVER__PORT); no traceback."""
-    with socket.socket() as taken:
+    RELAY_SERVER__PORT); no traceback.  The same line with worker processes (`--workers 2`, whose writer
+    reserves the port) and in one process (`--workers 0`)."""
+    with socket.socket() as taken:  # (no SO_REUSEPORT: a program that is not a relay)
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = relay_cli("serve", "--db", tmp_path / "x.db", "--port", port)
-    assert result.returncode == 1 and "Traceback" not in result.stderr
-    [failed] = [e for e in map(json.loads, result.stderr.splitlines()) if e["event"] == "listen_failed"]
-    assert failed["port"] == port and "--port" in failed["hint"] and "RELAY_SERVER__PORT" in failed["hint"]
+        results = [relay_cli("serve", "--db", tmp_path / f"{workers}.db", "--port", port, "--workers", workers)
+                   for workers in (0, 2)]
+    lines = []
+    for result in results:
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        [failed] = [e for e in map(json.loads, result.stderr.splitlines()) if e["event"] == "listen_failed"]
+        assert failed["port"] == port and "--port" in failed["hint"] and "RELAY_SERVER__PORT" in failed["hint"]
+        assert failed["error"] == f"[Errno {errno.EADDRINUSE}] {os.strerror(errno.EADDRINUSE)}"
+        lines.append({k: v for k, v in failed.items() if k != "timestamp"})
+    assert lines[0] == lines[1]
 
 
 def test_listed_writers_with_nobody_listed_refuse_to_start(tmp_path):

@@ -135,6 +135,8 @@ class ChannelServer:
                 self._handle(out, outcomes, frame)
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
             log.warning("channel_closed", worker=self.workers.get(out), error=repr(exc))
+        except asyncio.CancelledError:  # close(), the relay stopping: its command-line writers see the channel
+            pass  # close.  (Ended, not cancelled: asyncio's streams log a cancelled handler with a traceback.)
         finally:
             self._tasks.discard(task)
             self.workers.pop(out, None)

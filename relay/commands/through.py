@@ -20,6 +20,8 @@ A relay of one process (`server.workers` = 0) listens on the channel too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from relay.channel.frames import socket_path
@@ -56,6 +58,22 @@ class WritePath:
         if self.channel is not None:
             ingest.sink, ingest.wait_for_room = self.channel.submit, self.channel.wait_for_room
         return ingest
+
+    async def unless_writer_lost(self, work: Awaitable[object]) -> None:
+        """Await `work`, cancelled if the running relay's writer goes away first (the relay stopped: a pipe
+        kept open would otherwise be read on with nobody to store its lines; `writer_lost` tells, after
+        `close()`).  Cancelled itself (SIGINT), it cancels `work` and waits for it."""
+        if self._reading is None:
+            await work
+            return
+        task = asyncio.ensure_future(work)
+        try:
+            await asyncio.wait({task, self._reading}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not task.done():
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):  # (this task's own cancellation goes on up)
+                await task
 
     async def close(self) -> None:
         """Close the store (its writer drains first), then the channel."""

@@ -224,9 +224,9 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None, cr
                       console=console, disable=not console.is_terminal) as bar:
             # Bytes, not lines: only a regular file's size is known before reading it.
             task = bar.add_task("import", total=info.st_size if regular else None)
-            interrupted = await interruptible(import_lines(
+            interrupted = await interruptible(path.unless_writer_lost(import_lines(
                 ingest, reader.lines(), lambda: bar.update(task, completed=reader.consumed), report,
-                rejects_writer(out) if out is not None else None))
+                rejects_writer(out) if out is not None else None)))
     finally:
         await ingest.aclose()
         await path.close()

@@ -181,7 +181,7 @@ async def test_two_nodes_from_the_compose_file_sync_both_ways(tmp_path):
 
 def test_relay_key_in_a_composed_container_finds_the_node_key_its_config_names(tmp_path):
     """`docker compose exec node-a relay key` (no flags, the service's environment): the pubkey of the key file
-    the mounted config names, its compose secret (it looked for /data/sync.key and found none)."""
+    the mounted config names, its compose secret (it looked for /data/relay.db.key and found none)."""
     compose, image = read_compose(), read_image()
     services = map_services(compose, tmp_path)
     for name, spec in compose["services"].items():

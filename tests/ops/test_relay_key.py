@@ -10,7 +10,7 @@ import pytest
 import relay.cli
 from relay.protocol.event import is_hex64
 from tests.ops.deployment import node_pubkey
-from tests.served import relay_cli
+from tests.served import Served, relay_cli
 
 
 @pytest.fixture
@@ -47,8 +47,8 @@ def test_key_creates_a_private_key_file_and_prints_its_pubkey(tmp_path, key_comm
 
 
 def test_key_without_file_uses_the_configured_or_default_key_path(tmp_path, key_command):
-    """Without --file: `[sync] secret_key_file` when set, else sync.key beside the database (as `relay serve`);
-    a key missing there is an error, and nothing is created (the path may be meant for a container)."""
+    """Without --file: `[sync] secret_key_file` when set, else the database's, `<db>.key` beside it (as `relay
+    serve`); a key missing there is an error, and nothing is created (the path may be meant for a container)."""
     configured = tmp_path / "secrets" / "configured.key"
     config = tmp_path / "relay.toml"
     config.write_text(f'[sync]\nsecret_key_file = "{configured}"\n')
@@ -58,9 +58,47 @@ def test_key_without_file_uses_the_configured_or_default_key_path(tmp_path, key_
     code, out, err = key_command("--config", config)
     assert code == 0 and out == node_pubkey(configured), err
     (tmp_path / "db").mkdir()
-    assert key_command("--file", tmp_path / "db" / "sync.key")[0] == 0
+    assert key_command("--file", tmp_path / "db" / "relay.db.key")[0] == 0
     code, out, err = key_command("--db", tmp_path / "db" / "relay.db")
-    assert code == 0 and out == node_pubkey(tmp_path / "db" / "sync.key"), err
+    assert code == 0 and out == node_pubkey(tmp_path / "db" / "relay.db.key"), err
+
+
+def test_two_databases_in_one_folder_are_two_nodes_with_two_keys(tmp_path):
+    """`relay serve` on a.db and on b.db in one folder: each creates its own key beside its database, so
+    `relay key --db` gives two pubkeys (one `sync.key` per folder gave one identity to both)."""
+    pubkeys = []
+    for name in ("a.db", "b.db"):
+        with Served(tmp_path, "--db", tmp_path / name, "--port", 0, "--workers", 0) as served:
+            served.started_url()
+            assert served.stop() == 0, served.stderr
+        key = relay_cli("key", "--db", tmp_path / name)
+        assert key.returncode == 0, key.stderr
+        pubkeys.append(key.stdout.strip())
+    assert is_hex64(pubkeys[0]) and is_hex64(pubkeys[1]) and pubkeys[0] != pubkeys[1]
+    assert pubkeys == [node_pubkey(tmp_path / "a.db.key"), node_pubkey(tmp_path / "b.db.key")]
+    assert not (tmp_path / "sync.key").exists()
+
+
+def test_a_legacy_sync_key_goes_to_the_first_database_that_needs_it(tmp_path):
+    """A `sync.key` left in the folder by an earlier version keeps its identity: the first database to start
+    there takes it over (renamed to `a.db.key`, logged `node_key_taken_over`); a second one gets a new key."""
+    legacy = tmp_path / "sync.key"
+    assert relay_cli("key", "--file", legacy).returncode == 0
+    before = node_pubkey(legacy)
+    with Served(tmp_path, "--db", tmp_path / "a.db", "--port", 0, "--workers", 0) as served:
+        served.started_url()
+        assert served.stop() == 0, served.stderr
+    [taken] = [e for e in served.log_events() if e.get("event") == "node_key_taken_over"]
+    assert taken["legacy"] == str(legacy) and taken["path"] == str(tmp_path / "a.db.key")
+    assert not legacy.exists() and stat.S_IMODE((tmp_path / "a.db.key").stat().st_mode) == 0o600
+    first, second = relay_cli("key", "--db", tmp_path / "a.db"), relay_cli("key", "--db", tmp_path / "b.db")
+    assert first.returncode == 0 and first.stdout.strip() == before, first.stderr
+    assert second.returncode == 1 and "b.db.key" in second.stderr  # none to take over: b.db has no key yet
+    with Served(tmp_path, "--db", tmp_path / "b.db", "--port", 0, "--workers", 0) as served:
+        served.started_url()
+        assert served.stop() == 0, served.stderr
+    assert not any(e.get("event") == "node_key_taken_over" for e in served.log_events())
+    assert node_pubkey(tmp_path / "b.db.key") != before == node_pubkey(tmp_path / "a.db.key")
 
 
 def test_key_file_without_a_valid_key_exits_1_naming_it(tmp_path, key_command):

@@ -112,7 +112,7 @@ async def test_serve_reconciles_then_streams_both_ways_with_localrelay(tmp_path,
     assert peer, ours.status()
     assert peer["configured"] and peer["direction"] == "both" and peer["last_success"] is not None
     assert peer["lease_owner"] is not None  # held while serving
-    assert (ours.dir / "sync.key").stat().st_mode & 0o777 == 0o600
+    assert (ours.dir / "relay.db.key").stat().st_mode & 0o777 == 0o600
     busy = subprocess.run([sys.executable, "-m", "relay", "sync", peer_url, "--config", str(ours.config_path)],
                           capture_output=True, text=True, timeout=60)
     assert busy.returncode == 1

@@ -120,7 +120,7 @@ async def test_sync_authenticates_to_localrelay_requiring_nip42(tmp_path, local_
     await seed(config, notes(alice, 10, NOW - 100))
     report = await sync_once(config, url, {}, sync_options(config, "both"))
     assert (report.have, report.pushed, report.errors) == (10, 10, {})
-    assert (tmp_path / "local" / "sync.key").stat().st_mode & 0o777 == 0o600  # created on first use
+    assert (tmp_path / "local" / "relay.db.key").stat().st_mode & 0o777 == 0o600  # created on first use
 
 
 async def test_ids_reported_twice_are_fetched_and_pushed_once(tmp_path, alice):
@@ -393,7 +393,7 @@ async def test_auth_required_is_answered_with_the_node_key(tmp_path, alice):
         report = await sync_once(config, peer.url, {}, sync_options(config, "both"))
         challenge, event = peer.auth_events[0]
     assert (report.fetched, report.pushed, report.errors) == (4, 3, {})
-    key_hex = (tmp_path / "local" / "sync.key").read_text().strip()
+    key_hex = (tmp_path / "local" / "relay.db.key").read_text().strip()
     assert event["pubkey"] == Keys(bytes.fromhex(key_hex)).pubkey
     assert event["kind"] == 22242
     assert ["relay", peer.url] in event["tags"] and ["challenge", challenge] in event["tags"]
