@@ -258,10 +258,10 @@ async def test_cli_exits_nonzero_when_peer_is_unreachable(tmp_path):
     code, _, err = await relay_cli_async("sync", "http://127.0.0.1:1", "--db", config.store.path)
     assert code == 2 and "not a ws:// or wss:// URL" in err
     code, _, err = await relay_cli_async("sync", "ws://127.0.0.1:1", "--db", config.store.path, "--filter", '{"limit":5}')
-    assert code == 2 and "bad --filter: limit has no meaning for sync" in err
+    assert code == 2 and "argument --filter: limit has no meaning for sync" in err
     code, _, err = await relay_cli_async("sync", "ws://127.0.0.1:1", "--db", config.store.path,
                                          "--filter", '{"search":"nostr"}')
-    assert code == 2 and "bad --filter: search has no meaning for sync" in err
+    assert code == 2 and "argument --filter: search has no meaning for sync" in err
 
 
 # --- settled refusals ----------------------------------------------------------------------------------
