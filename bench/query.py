@@ -144,7 +144,8 @@ class StreamedModel:
     Pass 1 counts what pick_targets counts (per author, per `e` and `p` value of kind-1 events), keeps the
     2,000 newest created_at, each replaceable or addressable key's winning (created_at, id), and a reservoir
     sample of `sample` regular ids.  Pass 2 collects the (created_at, id) of the stored events matching each
-    fixed filter of query_specs.  Memory: the counters and those matches, not the events.  The `ids` shapes are
+    fixed REQ filter of query_specs, and counts those of each COUNT.  Memory: the counters and the REQ matches,
+    not the events.  The `ids` shapes are
     answered from the sample: regular events, and the mixes have no deletions, so each id asked is stored.
     """
 
@@ -181,7 +182,8 @@ class StreamedModel:
                         "since": newest[0], "ids": ids, "rng": rng}
         del counts, by_author, e_refs, p_refs
         fixed = {self._key(v, f): f for _, v, f in query_specs(self.targets) if not callable(f)}
-        found: dict[bytes, list[tuple[int, str]]] = {k: [] for k in fixed}
+        found: dict[bytes, list[tuple[int, str]]] = {k: [] for k in fixed if k.startswith(b"REQ")}
+        self.counts: dict[bytes, int] = {k: 0 for k in fixed if k.startswith(b"COUNT")}
         for line in open_lines():
             e = orjson.loads(line)
             key = replacement_key(e)
@@ -189,11 +191,14 @@ class StreamedModel:
                 continue  # a superseded version
             for k, f in fixed.items():
                 if matches(f, e):
-                    found[k].append((e["created_at"], e["id"]))
+                    if k in self.counts:
+                        self.counts[k] += 1
+                    else:
+                        found[k].append((e["created_at"], e["id"]))
         self.answers: dict[bytes, list[str]] = {}
-        for k, f in fixed.items():
-            found[k].sort(key=lambda m: (-m[0], m[1]))
-            self.answers[k] = [i for _, i in found[k][:f.get("limit", len(found[k]))]]
+        for k, got in found.items():
+            got.sort(key=lambda m: (-m[0], m[1]))
+            self.answers[k] = [i for _, i in got[:fixed[k].get("limit", len(got))]]
 
     @staticmethod
     def _key(verb: str, flt: dict) -> bytes:
@@ -203,9 +208,8 @@ class StreamedModel:
         """The ids a REQ of `flt` should return (any order), or the count a COUNT should answer."""
         if set(flt) == {"ids"}:
             ids = list(dict.fromkeys(flt["ids"]))
-        else:
-            ids = self.answers[self._key(verb, flt)]
-        return ids if verb == "REQ" else len(ids)
+            return ids if verb == "REQ" else len(ids)
+        return self.answers[self._key(verb, flt)] if verb == "REQ" else self.counts[self._key(verb, flt)]
 
 
 def model_expect(store: list[dict]) -> Callable[[str, dict], list[str] | int]:
