@@ -110,6 +110,16 @@ def loaded_phase(url: str, relay_pid: int | None, targets: dict, lines: list[byt
             "busy_cores": (common.system_busy() - busy0) / wall, "wall": wall}
 
 
+def fmt_phase(name: str, phase: dict) -> str:
+    """One line on a loaded_phase result: the rate the publisher reached, its OKs, the cores busy."""
+    if "paced" not in phase:
+        return f"    {name}: {phase.get('error')}"
+    p = phase["paced"]
+    return (f"    {name}: publisher reached {p['rate']:,.0f} events/s ({p['ok_true']:,} OK true, "
+            f"{p['ok_false']:,} OK false{', RAN OUT of events' if p['ran_out'] else ''}), relay "
+            f"{phase['relay_cores']:.2f} cores, all processes {phase['busy_cores']:.2f} cores")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=20_000, help="events stored before measuring (default 20,000)")

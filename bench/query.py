@@ -23,11 +23,13 @@ collapsed, newest first, limit applied): "match" says whether ids agree.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import random
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Iterable
 
 import orjson
 
@@ -44,18 +46,32 @@ def is_replaceable(kind: int) -> bool:
     return kind in (0, 3) or 10000 <= kind < 20000
 
 
+def replacement_key(e: dict) -> tuple | None:
+    """NIP-01: (pubkey, kind) of a replaceable event, (pubkey, kind, d) of an addressable one, None otherwise."""
+    kind = e["kind"]
+    if is_replaceable(kind):
+        return e["pubkey"], kind
+    if 30000 <= kind < 40000:
+        d = next((t[1] for t in e["tags"] if len(t) >= 2 and t[0] == "d"), "")
+        return e["pubkey"], kind, d
+    return None
+
+
+def supersedes(e: dict, cur: dict) -> bool:
+    """NIP-01: the newer version wins; at equal created_at, the lowest id."""
+    return (e["created_at"], cur["id"]) > (cur["created_at"], e["id"])
+
+
 def model_store(lines: list[bytes]) -> list[dict]:
-    """The events a NIP-01 relay should hold after receiving `lines` (replaceables collapsed)."""
+    """The events a NIP-01 relay should hold after receiving `lines` (replaceable and addressable collapsed)."""
     evs = [orjson.loads(ln) for ln in lines]
-    latest: dict[tuple[str, int], dict] = {}
+    latest: dict[tuple, dict] = {}
     for e in evs:
-        if is_replaceable(e["kind"]):
-            k = (e["pubkey"], e["kind"])
-            cur = latest.get(k)
-            if cur is None or (e["created_at"], cur["id"]) > (cur["created_at"], e["id"]):
-                latest[k] = e
+        k = replacement_key(e)
+        if k is not None and (k not in latest or supersedes(e, latest[k])):
+            latest[k] = e
     keep = {id(v) for v in latest.values()}
-    return [e for e in evs if not is_replaceable(e["kind"]) or id(e) in keep]
+    return [e for e in evs if replacement_key(e) is None or id(e) in keep]
 
 
 def matches(f: dict, e: dict) -> bool:
@@ -85,22 +101,33 @@ def expected(store: list[dict], f: dict) -> list[str]:
     return [e["id"] for e in m]
 
 
+class TargetCounts:
+    """What the targets are chosen by: events per author, and each `e` and `p` value's count in kind-1 events."""
+
+    def __init__(self):
+        self.by_author: dict[str, int] = {}
+        self.e_refs: dict[str, int] = {}
+        self.p_refs: dict[str, int] = {}
+
+    def add(self, e: dict) -> None:
+        self.by_author[e["pubkey"]] = self.by_author.get(e["pubkey"], 0) + 1
+        if e["kind"] == 1:
+            for t in e["tags"]:
+                if len(t) >= 2 and t[0] == "e":
+                    self.e_refs[t[1]] = self.e_refs.get(t[1], 0) + 1
+                elif len(t) >= 2 and t[0] == "p":
+                    self.p_refs[t[1]] = self.p_refs.get(t[1], 0) + 1
+
+
 def pick_targets(store: list[dict], seed: int = 7, later: list[dict] = ()) -> dict:
     """Targets of the queries in `store`; the thread root is one that no event of `later` (published
     after the store is loaded) refers to, so that its thread query returns the same events throughout."""
     rng = random.Random(seed)
     grown = {t[1] for e in later for t in e["tags"] if len(t) >= 2 and t[0] == "e"}
-    by_author: dict[str, int] = {}
-    e_refs: dict[str, int] = {}
-    p_refs: dict[str, int] = {}
+    counts = TargetCounts()
     for e in store:
-        by_author[e["pubkey"]] = by_author.get(e["pubkey"], 0) + 1
-        if e["kind"] == 1:
-            for t in e["tags"]:
-                if len(t) >= 2 and t[0] == "e":
-                    e_refs[t[1]] = e_refs.get(t[1], 0) + 1
-                elif len(t) >= 2 and t[0] == "p":
-                    p_refs[t[1]] = p_refs.get(t[1], 0) + 1
+        counts.add(e)
+    by_author, e_refs, p_refs = counts.by_author, counts.e_refs, counts.p_refs
     author = max(by_author, key=by_author.get)
     root = max((r for r in e_refs if r not in grown), key=e_refs.get)
     ptag = max(p_refs, key=p_refs.get)
@@ -109,6 +136,85 @@ def pick_targets(store: list[dict], seed: int = 7, later: list[dict] = ()) -> di
     return {"author": author, "author_events": by_author[author], "root": root,
             "root_refs": e_refs[root], "ptag": ptag, "ptag_refs": p_refs[ptag],
             "since": since, "ids": regular_ids, "rng": rng}
+
+
+class StreamedModel:
+    """model_store, pick_targets and expected for a JSONL file too large to hold (bench/scale.py), in two passes.
+
+    Pass 1 counts what pick_targets counts (per author, per `e` and `p` value of kind-1 events), keeps the
+    2,000 newest created_at, each replaceable or addressable key's winning (created_at, id), and a reservoir
+    sample of `sample` regular ids.  Pass 2 collects the (created_at, id) of the stored events matching each
+    fixed REQ filter of query_specs, and counts those of each COUNT.  Memory: the counters and the REQ matches,
+    not the events.  The `ids` shapes are
+    answered from the sample: regular events, and the mixes have no deletions, so each id asked is stored.
+    """
+
+    def __init__(self, open_lines: Callable[[], Iterable[bytes]], seed: int = 7, sample: int = 20_000):
+        rng = random.Random(seed)
+        counts = TargetCounts()
+        newest: list[int] = []  # min-heap of the 2,000 newest created_at
+        self.winners: dict[tuple, tuple[int, str]] = {}
+        ids: list[str] = []
+        seen_regular = 0
+        self.kinds: dict[int, int] = {}
+        for line in open_lines():
+            e = orjson.loads(line)
+            self.kinds[e["kind"]] = self.kinds.get(e["kind"], 0) + 1
+            counts.add(e)
+            (heapq.heappush if len(newest) < 2000 else heapq.heappushpop)(newest, e["created_at"])
+            key = replacement_key(e)
+            if key is not None:
+                cur = self.winners.get(key)
+                if cur is None or (e["created_at"], cur[1]) > (cur[0], e["id"]):  # supersedes()
+                    self.winners[key] = (e["created_at"], e["id"])
+                continue
+            seen_regular += 1
+            if len(ids) < sample:
+                ids.append(e["id"])
+            elif (j := rng.randrange(seen_regular)) < sample:
+                ids[j] = e["id"]
+        by_author, e_refs, p_refs = counts.by_author, counts.e_refs, counts.p_refs
+        author = max(by_author, key=by_author.get)
+        root = max(e_refs, key=e_refs.get)
+        ptag = max(p_refs, key=p_refs.get)
+        self.targets = {"author": author, "author_events": by_author[author], "root": root,
+                        "root_refs": e_refs[root], "ptag": ptag, "ptag_refs": p_refs[ptag],
+                        "since": newest[0], "ids": ids, "rng": rng}
+        del counts, by_author, e_refs, p_refs
+        fixed = {self._key(v, f): f for _, v, f in query_specs(self.targets) if not callable(f)}
+        found: dict[bytes, list[tuple[int, str]]] = {k: [] for k in fixed if k.startswith(b"REQ")}
+        self.counts: dict[bytes, int] = {k: 0 for k in fixed if k.startswith(b"COUNT")}
+        for line in open_lines():
+            e = orjson.loads(line)
+            key = replacement_key(e)
+            if key is not None and self.winners[key][1] != e["id"]:
+                continue  # a superseded version
+            for k, f in fixed.items():
+                if matches(f, e):
+                    if k in self.counts:
+                        self.counts[k] += 1
+                    else:
+                        found[k].append((e["created_at"], e["id"]))
+        self.answers: dict[bytes, list[str]] = {}
+        for k, got in found.items():
+            got.sort(key=lambda m: (-m[0], m[1]))
+            self.answers[k] = [i for _, i in got[:fixed[k].get("limit", len(got))]]
+
+    @staticmethod
+    def _key(verb: str, flt: dict) -> bytes:
+        return verb.encode() + orjson.dumps(flt, option=orjson.OPT_SORT_KEYS)
+
+    def expect(self, verb: str, flt: dict) -> list[str] | int:
+        """The ids a REQ of `flt` should return (any order), or the count a COUNT should answer."""
+        if set(flt) == {"ids"}:
+            ids = list(dict.fromkeys(flt["ids"]))
+            return ids if verb == "REQ" else len(ids)
+        return self.answers[self._key(verb, flt)] if verb == "REQ" else self.counts[self._key(verb, flt)]
+
+
+def model_expect(store: list[dict]) -> Callable[[str, dict], list[str] | int]:
+    """expect(verb, filter) of bench_queries from an in-memory model (model_store)."""
+    return lambda verb, flt: expected(store, flt) if verb == "REQ" else len(expected(store, flt))
 
 
 def query_specs(t: dict) -> list[tuple[str, str, object]]:
@@ -176,8 +282,14 @@ class Querier:
 
 async def bench_queries(url: str, targets: dict, store: list[dict] | None, reps: int = 100,
                         warmup: int = 3, per_query_cap: float = 30.0,
-                        only: list[str] | None = None) -> list[dict]:
-    rng = random.Random(11)
+                        only: list[str] | None = None, expect=None, seed: int = 11) -> list[dict]:
+    """Each query of query_specs (or `only` those) on its own connection: `warmup` then `reps` repetitions
+    (fewer past `per_query_cap` seconds); the first measured answer is checked against `expect(verb, filter)`
+    (the ids, or the count; default: the model `store`; neither: no check).  `first_ms` is the first measured
+    repetition's latency (after a page-cache eviction and no warm-up: the cold one)."""
+    rng = random.Random(seed)
+    if expect is None and store is not None:
+        expect = model_expect(store)
     out = []
     for name, verb, f in query_specs(targets):
         if only and name not in only:
@@ -201,13 +313,12 @@ async def bench_queries(url: str, targets: dict, store: list[dict] | None, reps:
                     res["unsupported"] = True  # no answer: the relay ignores COUNT
                     break
                 continue
-            if i == warmup and store is not None:  # check one answer against the model
+            if i == warmup and expect is not None:  # check one answer against the model
+                exp = expect(verb, flt)
                 if verb == "REQ":
-                    exp = expected(store, flt)
                     res["returned"], res["expected"] = len(q.ids), len(exp)
                     res["match"] = sorted(q.ids) == sorted(exp)
                 else:
-                    exp = len(expected(store, flt))
                     res["returned"], res["expected"] = q.count, exp
                     res["match"] = q.count == exp
             if i >= warmup:
@@ -218,6 +329,8 @@ async def bench_queries(url: str, targets: dict, store: list[dict] | None, reps:
         await ws.close(1.0)
         if verb == "REQ":
             res["returned_last"] = len(q.ids)  # events in the last answer: what each rep's latency covers
+        if lats:
+            res["first_ms"] = lats[0] * 1e3
         lats.sort()
         res["reps"] = len(lats)
         if lats:

@@ -127,13 +127,7 @@ def report(res: dict, args) -> str:
     ls, lo = s["overload"], o["overload"]
     L.append(f"REQ -> EOSE while one publisher sends {res['load_rate']:,.0f} events/s, ms:")
     for name, x in (("strfry", ls), ("ours", lo)):
-        if "paced" in x:
-            p = x["paced"]
-            L.append(f"    {name}: publisher reached {p['rate']:,.0f} events/s ({p['ok_true']:,} OK true, "
-                     f"{p['ok_false']:,} OK false{', RAN OUT of events' if p['ran_out'] else ''}), relay "
-                     f"{x['relay_cores']:.2f} cores, all processes {x['busy_cores']:.2f} cores")
-        else:
-            L.append(f"    {name}: {x.get('error')}")
+        L.append(overload.fmt_phase(name, x))
     for shape in overload.REQ_QUERIES:
         a, b = ls.get("loaded", {}).get(shape, {}), lo.get("loaded", {}).get(shape, {})
         L.append(_row(f"  {shape} p50", a.get("p50_ms"), b.get("p50_ms"), ".2f", ""))
