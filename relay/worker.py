@@ -119,7 +119,7 @@ async def serve_worker(config: Config, index: int, port: int, count: int) -> int
     await follower.start()  # the feed's head, before any subscription can exist here
     if not stop.is_set():  # (a stop asked while it started: it neither listens nor says it started)
         await server.listen(reuseport_socket(config.server.host, port))
-    code, deadline = 0, loop.time()
+    code, deadline, tasks = 0, loop.time(), []
     if not stop.is_set():
         metrics.watch(store, server, None)
         metrics.watch_policies(ingest.policies)
@@ -131,9 +131,9 @@ async def serve_worker(config: Config, index: int, port: int, count: int) -> int
         channel.hello(index)
         log.info("worker_started", url=server.url, port=server.port)
         code, deadline = await _until_stopped(stop, lost, tasks[0], config.server.shutdown_timeout_seconds)
-        for task in tasks:
-            task.cancel()
-    await server.close(deadline)
+    await server.close(deadline)  # (the channel still runs: the drained connections get their OKs through it)
+    for task in tasks:
+        task.cancel()
     follower.stop()
     channel.close()
     moderation.close()
