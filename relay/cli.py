@@ -62,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("--rejects", type=types.output_file, help="write each rejected line to this file as JSON lines "
                      '({"line", "id", "reason", "text"})')
     imp.add_argument("--create", action="store_true", help="start a new database if there is none (else exit 2)")
+    imp.add_argument("--processes", type=types.whole_number("a number of processes", 256), metavar="N",
+                     help="processes checking the lines' signatures (default: one per CPU; 0: threads of this one)")
     exp = commands.add_parser("export", parents=[common], help="write stored events as JSONL")
     exp.add_argument("--filter", type=types.nip01_filter, default="{}", help="a NIP-01 filter as JSON; its limit, if any, applies (default: every event)")
     exp.add_argument("--output", "-o", type=types.output_file, help="file to write (default: stdout)")
@@ -260,7 +262,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "import":
         from relay.commands.transfer import run_import
 
-        return asyncio.run(run_import(config, args.file, args.rejects, args.create))
+        return asyncio.run(run_import(config, args.file, args.rejects, args.create, args.processes))
     if args.command == "sync":
         from relay.commands.sync import run_sync
 

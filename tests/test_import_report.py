@@ -166,3 +166,51 @@ def test_a_line_past_max_message_bytes_is_rejected_without_holding_it(tmp_path):
     assert [json.loads(line) for line in (tmp_path / "100.jsonl").read_text().splitlines()] == [
         {"line": 2, "id": None, "reason": "invalid: line longer than 1048576 bytes", "text": ""}]
     assert peak - _import_long_line(tmp_path, 0)[1] < 40 * 1024  # KiB: a few blocks of the line at most
+
+
+def test_checking_processes_and_this_process_agree(tmp_path):
+    """`--processes 2` (lines checked in processes of their own) and `--processes 0` (this process's threads) give
+    the same report, the same rejects and the same stored events, on real events with bad lines among them: a
+    tampered id, a bad signature, malformed JSON, a banned author, an expired event, and a duplicate."""
+    alice, mallory = Keys(0xA11CE), Keys(0xBAD)
+    real = REAL_EVENTS.read_bytes().splitlines()[:600]
+    bad_sig = dict(alice.sign(content="signed"), sig="00" * 64)
+    lines = [*real[:300], json.dumps(dict(alice.sign(content="x"), content="tampered")).encode(),
+             json.dumps(bad_sig).encode(), b"{not json", json.dumps(mallory.sign(content="banned author")).encode(),
+             json.dumps(alice.sign(tags=[["expiration", "1000"]], content="expired")).encode(),
+             *real[300:], real[5]]
+    outputs = {}
+    for processes in (0, 2):
+        db, rejects = tmp_path / f"p{processes}.db", tmp_path / f"rejects{processes}.jsonl"
+        assert relay_cli("import", "--create", "-", "--db", db, stdin=b"").returncode == 0
+        assert relay_cli("ban", "pubkey", mallory.pubkey, "--db", db).returncode == 0
+        done = relay_cli("import", "-", "--db", db, "--rejects", rejects, "--processes", processes,
+                         stdin=b"\n".join(lines) + b"\n")
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done
+        exported = relay_cli("export", "--db", db)
+        outputs[processes] = (done.stdout, rejects.read_text(), sorted(exported.stdout.splitlines()))
+    report = parse_report(outputs[2][0])
+    assert report.stored + report.older_version + report.duplicate >= 590 and report.rejected == 5, \
+        outputs[2][0]
+    assert outputs[2] == outputs[0]
+
+
+def test_ctrl_c_to_the_process_group_during_an_import_with_checking_processes(tmp_path):
+    """Ctrl-C reaches the whole foreground process group, the checking processes too: they leave it to the
+    command, which prints its summary and exits 130, and no process prints a traceback."""
+    source = tmp_path / "big.jsonl"
+    source.write_bytes(REAL_EVENTS.read_bytes() * 8)
+    db = tmp_path / "big.db"
+    proc = subprocess.Popen([sys.executable, "-m", "relay", "import", "--create", str(source), "--db", str(db),
+                             "--processes", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(),
+                            start_new_session=True)
+    deadline = time.monotonic() + CLI_TIMEOUT
+    while not db.with_name("big.db-wal").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=CLI_TIMEOUT)
+    out, err = out.decode(), err.decode()
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert REPORT.match(out.splitlines()[0])

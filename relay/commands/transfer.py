@@ -12,7 +12,7 @@ import asyncio
 import os
 import stat
 import sys
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +29,7 @@ from relay.commands.linereader import PAUSED, LineReader
 from relay.commands.through import open_write_path
 from relay.config import Config
 from relay.ingest import IMPORT, Ingest, Outcome
+from relay.ingest.checking import CheckingPool, default_processes
 from relay.ingest.outcome import EPHEMERAL, NEWER_VERSION
 from relay.protocol.envelopes import loads
 from relay.protocol.event import Event, event_ref
@@ -88,47 +89,110 @@ Rejected = Callable[[int, bytes, Event | None, Outcome], None]
 
 
 async def import_lines(ingest: Ingest, lines: Iterable[bytes] | AsyncIterable[bytes | Outcome | object], progress=None,
-                       report: ImportReport | None = None, rejected: Rejected | None = None) -> ImportReport:
+                       report: ImportReport | None = None, rejected: Rejected | None = None,
+                       pool: CheckingPool | None = None) -> ImportReport:
     """Take each non-blank JSONL line (one event object per line) through `ingest` as `IMPORT`.
 
     `lines` may hold, in place of a line, the `Outcome` refusing it unread
     (`LineReader.too_long`), or `PAUSED` (no line came for a while).  Lines go
     in chunks of `CHUNK_LINES`, whose signatures are checked together on the
-    ingest's pool, and at each `PAUSED` (a pipe's lines are stored as they
-    come, not when it closes); `progress()` is called after each chunk.  Counts go to `report` (a new one if None),
+    ingest's threads, or in `pool`'s processes (then a few chunks are checked
+    ahead while the writer stores the one before), and at each `PAUSED` (a
+    pipe's lines are stored as they come, not when it closes); chunks reach
+    the writer in order; `progress()` is called after each chunk.  Counts go to `report` (a new one if None),
     which holds the chunks done so far if the import is cancelled; cancelled
     while waiting for `lines` (SIGINT on a stalled pipe), the lines already
     read are imported first.
     """
     report = ImportReport() if report is None else report
+    chunks = _Chunks(ingest, pool, report, progress, rejected)
     source = aiter(lines) if isinstance(lines, AsyncIterable) else _async(lines)
     chunk: list[tuple[int, bytes]] = []
     number = 0
-    while True:
-        try:
-            line = await anext(source)
-        except StopAsyncIteration:
-            break
-        except asyncio.CancelledError:
-            if chunk:
-                await _import_chunk(ingest, chunk, report, progress, rejected)
-            raise
-        if line is PAUSED:  # the input paused: store what came so far
-            if chunk:
-                await _import_chunk(ingest, chunk, report, progress, rejected)
+    try:
+        while True:
+            try:
+                line = await anext(source)
+            except StopAsyncIteration:
+                break
+            except asyncio.CancelledError:
+                await chunks.add(chunk)
+                await chunks.drain()
+                raise
+            if line is PAUSED:  # the input paused: store what came so far
+                await chunks.add(chunk)
+                await chunks.drain()
                 chunk = []
-            continue
-        number += 1
-        if isinstance(line, Outcome):
-            _refuse(number, line, report, rejected)
-        elif line.strip():
-            chunk.append((number, line))
-        if len(chunk) >= CHUNK_LINES:
-            await _import_chunk(ingest, chunk, report, progress, rejected)
-            chunk = []
-    if chunk:
-        await _import_chunk(ingest, chunk, report, progress, rejected)
+                continue
+            number += 1
+            if isinstance(line, Outcome):
+                _refuse(number, line, report, rejected)
+            elif line.strip():
+                chunk.append((number, line))
+            if len(chunk) >= CHUNK_LINES:
+                await chunks.add(chunk)
+                chunk = []
+        await chunks.add(chunk)
+        await chunks.drain()
+    finally:
+        chunks.abandon()
     return report
+
+
+class _Chunks:
+    """An import's chunks of lines on their way to the writer, counted in order.  With a `CheckingPool`, up to
+    two per process are checked at once while the writer stores the ones before; each is handed to ingest only
+    after the one before it, so the writer takes lines in the file's order."""
+
+    def __init__(self, ingest: Ingest, pool: CheckingPool | None, report: ImportReport, progress,
+                 rejected: Rejected | None) -> None:
+        self.ingest, self.pool, self.report, self.progress, self.rejected = ingest, pool, report, progress, rejected
+        self._pending: deque[tuple[list[tuple[int, bytes]], asyncio.Future]] = deque()
+        self._handed: asyncio.Future | None = None  # set once the newest chunk was handed to ingest
+
+    async def add(self, chunk: list[tuple[int, bytes]]) -> None:
+        """Start `chunk` on its way; wait while as many as the pool holds are on theirs."""
+        if not chunk:
+            return
+        if self.pool is None:
+            self._count(chunk, await self.ingest.accept_many([line for _, line in chunk], IMPORT))
+            return
+        before, self._handed = self._handed, asyncio.get_running_loop().create_future()
+        self._pending.append((chunk, asyncio.ensure_future(self._checked(chunk, before, self._handed))))
+        while len(self._pending) > 2 * self.pool.processes:
+            await self._settle_oldest()
+
+    async def drain(self) -> None:
+        """Wait until every chunk started is stored and counted."""
+        while self._pending:
+            await self._settle_oldest()
+
+    def abandon(self) -> None:
+        """Stop waiting for the chunks on their way (an import cancelled by something else than its input)."""
+        for _, task in self._pending:
+            task.cancel()
+        self._pending.clear()
+
+    async def _checked(self, chunk: list[tuple[int, bytes]], before: asyncio.Future | None,
+                       handed: asyncio.Future) -> list[tuple[Outcome, Event | None]]:
+        try:
+            checked = await self.pool.check([line for _, line in chunk], self.ingest.limits)
+            if before is not None:
+                await before
+            return await self.ingest.accept_checked_many(checked, IMPORT, handed)
+        finally:
+            handed.done() or handed.set_result(None)  # the next chunk never waits for one that failed
+
+    async def _settle_oldest(self) -> None:
+        chunk, task = self._pending.popleft()
+        self._count(chunk, await task)
+
+    def _count(self, chunk: list[tuple[int, bytes]], answers: list[tuple[Outcome, Event | None]]) -> None:
+        for (number, line), (outcome, event) in zip(chunk, answers):
+            self.report.add(outcome, number)
+            if self.rejected is not None and not outcome.accepted and outcome not in (NEWER_VERSION, EPHEMERAL):
+                self.rejected(number, line, event, outcome)
+        self.progress and self.progress()
 
 
 async def _async(lines: Iterable[bytes]) -> AsyncIterator[bytes]:
@@ -141,16 +205,6 @@ def _refuse(number: int, outcome: Outcome, report: ImportReport, rejected: Rejec
     report.add(outcome, number)
     if rejected is not None:
         rejected(number, b"", None, outcome)
-
-
-async def _import_chunk(ingest: Ingest, chunk: list[tuple[int, bytes]], report: ImportReport, progress,
-                        rejected: Rejected | None) -> None:
-    answers = await ingest.accept_many([line for _, line in chunk], IMPORT)
-    for (number, line), (outcome, event) in zip(chunk, answers):
-        report.add(outcome, number)
-        if rejected is not None and not outcome.accepted and outcome not in (NEWER_VERSION, EPHEMERAL):
-            rejected(number, line, event, outcome)
-    progress and progress()
 
 
 def rejects_writer(out: BinaryIO) -> Rejected:
@@ -187,9 +241,12 @@ def print_import_report(report: ImportReport) -> None:
         print(f"    at line{'s' if len(shown) > 1 else ''} {', '.join(map(str, shown))}{more}")
 
 
-async def run_import(config: Config, path: Path, rejects: Path | None = None, create: bool = False) -> int:
-    """`relay import FILE [--rejects OUT] [--create]`: prints the counts (see `ImportReport`,
+async def run_import(config: Config, path: Path, rejects: Path | None = None, create: bool = False,
+                     processes: int | None = None) -> int:
+    """`relay import FILE [--rejects OUT] [--create] [--processes N]`: prints the counts (see `ImportReport`,
     `print_import_report`); `rejects` gets each rejected line (`rejects_writer`), replacing what OUT held.
+    Lines are checked (JSON, id, signature) in `processes` processes (None: one per CPU; 0: this process's
+    signature threads), so the writer, here or in the relay serving the database, is the bound.
 
     FILE ('-': stdin) may be a regular file, a pipe or a FIFO; it is read
     once, and a pipe's lines are stored as they come.  A line longer than
@@ -215,7 +272,14 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None, cr
         out = rejects.open("wb") if rejects is not None else None
     except OSError as exc:
         return path_error("import", exc)
-    path = await open_write_path(config, read_connections=1)  # through the running relay if one serves it
+    processes = default_processes() if processes is None else processes
+    pool = CheckingPool(processes) if processes > 0 else None  # forked before any thread starts
+    try:
+        path = await open_write_path(config, read_connections=1)  # through the running relay if one serves it
+    except BaseException:
+        if pool is not None:
+            pool.close()
+        raise
     ingest = await path.ingest(config)  # bans
     report = ImportReport()
     reader = LineReader(source.fileno(), config.limits.max_message_bytes, IDLE_FLUSH_SECONDS)
@@ -226,8 +290,10 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None, cr
             task = bar.add_task("import", total=info.st_size if regular else None)
             interrupted = await interruptible(path.unless_writer_lost(import_lines(
                 ingest, reader.lines(), lambda: bar.update(task, completed=reader.consumed), report,
-                rejects_writer(out) if out is not None else None)))
+                rejects_writer(out) if out is not None else None, pool)))
     finally:
+        if pool is not None:
+            pool.close()
         await ingest.aclose()
         await path.close()
         if source is not sys.stdin.buffer:

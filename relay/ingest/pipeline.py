@@ -135,10 +135,33 @@ class Ingest:
                           screen: Screen | None = None) -> list[tuple[Outcome, Event | None]]:
         """Take a batch of events from `source` (see `submit`), once the writer queue has room; returns each
         one's outcome with its parsed event (None when refused before its signature check), in order."""
-        if not objects:
+        await self.wait_for_room()
+        return await self._all_settled(lambda i, obj, done: self.submit(obj, source, done, screen), objects)
+
+    async def accept_checked_many(self, checked: Sequence[Event | Outcome], source: Source,
+                                  handed: asyncio.Future | None = None) -> list[tuple[Outcome, Event | None]]:
+        """`accept_many` of what `relay.ingest.checking.check_lines` made of a batch of lines: each `Event` through
+        `submit_checked`, each `Outcome` (refused there) answered as it is.  `handed`, when given, is set once
+        every event is queued (before their outcomes), so that the next batch can follow it in order."""
+        await self.wait_for_room()
+
+        def take(i: int, item: Event | Outcome, done: Done) -> Event | None:
+            if isinstance(item, Outcome):
+                done(item)
+                return None
+            self.submit_checked(item, source, done)
+            return item
+
+        return await self._all_settled(take, checked, handed)
+
+    async def _all_settled(self, take: Callable[[int, object, Done], Event | None], items: Sequence[object],
+                           handed: asyncio.Future | None = None) -> list[tuple[Outcome, Event | None]]:
+        """`take(i, item, done)` of each item, then wait for every outcome (and the refusals' record)."""
+        if not items:
+            handed is None or handed.set_result(None)
             return []
-        outcomes: list[Outcome | None] = [None] * len(objects)
-        left = len(objects)
+        outcomes: list[Outcome | None] = [None] * len(items)
+        left = len(items)
         all_done = asyncio.get_running_loop().create_future()
 
         def done(i: int, outcome: Outcome) -> None:
@@ -148,8 +171,8 @@ class Ingest:
             if left == 0 and not all_done.done():
                 all_done.set_result(None)
 
-        await self.wait_for_room()
-        events = [self.submit(obj, source, partial(done, i), screen) for i, obj in enumerate(objects)]
+        events = [take(i, item, partial(done, i)) for i, item in enumerate(items)]
+        handed is None or handed.set_result(None)
         await all_done
         if self._recording is not None:
             await asyncio.shield(self._recording)  # the refusals are settled before the caller reads them
@@ -165,6 +188,17 @@ class Ingest:
         self.close()
         await self.policies.wait_closed()
 
+    def submit_checked(self, event: Event, source: Source, done: Done) -> None:
+        """`submit` of an event whose shape, id, event rules and signature another process of this relay checked
+        (relay/ingest/checking.py, for `relay import`): the checks of this process's state (bans, kind rules,
+        who may publish), then as `submit`."""
+        try:
+            self._admit(event, source)
+        except Rejection as rejection:
+            done(Outcome.refused(rejection))
+            return
+        self._verified(event, source, done, True)
+
     def _check(self, obj: object, source: Source, screen: Screen | None) -> Event:
         if type(obj) is bytes:
             obj = loads(obj)
@@ -173,13 +207,17 @@ class Ingest:
         if screen is not None:
             screen(event)
         rules.check_event(event, now)
+        self._admit(event, source)
+        return event
+
+    def _admit(self, event: Event, source: Source) -> None:
+        """The checks of `event` against the operator's rules: bans, kind rules, who may publish (`Rejection`)."""
         if self.moderation is not None:
             self.moderation.check(event, source.kind_rules)
         elif source.kind_rules:
             self.kinds.check(event.kind)
         if source.may_publish is not None:
             source.may_publish(event)
-        return event
 
     def _verified(self, event: Event, source: Source, done: Done, valid: bool) -> None:
         if not valid:
