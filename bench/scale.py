@@ -441,6 +441,8 @@ def main() -> None:
     ap.add_argument("--strfry", help="strfry's binary; without it, ours only")
     ap.add_argument("--strfry-config", type=Path, help="strfry's config (copied: db, bind, port, nofiles rewritten)")
     ap.add_argument("--workers", type=int, default=None, help="ours: `relay serve --workers N` (default: its own)")
+    ap.add_argument("--processes", type=int, default=None,
+                    help="ours: `relay import --processes N` (default: its own, one per CPU; 0: one process)")
     ap.add_argument("--rounds", type=int, default=5, help="warm rounds per relay")
     ap.add_argument("--round-reps", type=int, default=20, help="repetitions of each shape per round")
     ap.add_argument("--load-rate", type=float, default=1650.0, help="events/s published in the loaded phase")
@@ -471,9 +473,10 @@ def main() -> None:
     (run_dir / "ours").mkdir(parents=True)
     try:
         db = run_dir / "ours" / "relay.db"
+        processes = [] if args.processes is None else ["--processes", str(args.processes)]
         rep["ours"]["import"] = timed_import("ours", [str(common.REPO / ".venv" / "bin" / "relay"), "import",
-                                                      str(path), "--db", str(db)], None, run_dir, n,
-                                             args.import_timeout)
+                                                      "--create", str(path), "--db", str(db), *processes], None,
+                                             run_dir, n, args.import_timeout)
         rep["ours"]["disk"] = sqlite_disk(db)
         log(f"ours disk: {rep['ours']['disk']['allocated'] / MB:,.1f} MB allocated")
         relays = {"ours": (common.ours(db=db, workers=args.workers), db.parent)}

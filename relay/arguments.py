@@ -72,7 +72,30 @@ def json_value(value: str, expected: str = "expected JSON") -> object:
                         "UTF-8") from None
         raise _fail(f"{expected}, got {_shown(value)} (not JSON: {exc})") from None
     _check_tree(decoded)
+    if _has_float(decoded):  # orjson decodes an integer past 64 bits as a float: look at the literals
+        try:
+            json.loads(value, parse_int=_int64)
+        except OverflowError as exc:
+            raise _fail(str(exc)) from None
     return decoded
+
+
+def _int64(literal: str) -> int:
+    """A JSON integer literal as an int; OverflowError past SQLite's 64 bits."""
+    if len(literal.lstrip("-")) > 19 or not -MAX_WHOLE_NUMBER - 1 <= int(literal) <= MAX_WHOLE_NUMBER:
+        raise OverflowError(f"the integer {_shown(literal)} is out of range (-2^63..2^63-1)")
+    return int(literal)
+
+
+def _has_float(decoded: object) -> bool:
+    pending = [decoded]
+    while pending:
+        node = pending.pop()
+        if type(node) is float:
+            return True
+        if type(node) in (dict, list):
+            pending += node.values() if type(node) is dict else node
+    return False
 
 
 def _surrogate_at(value: str) -> str:
@@ -177,7 +200,7 @@ def feed_cursor(value: str) -> int | str:
 
 unix_seconds = whole_number("created_at (unix seconds)")
 row_limit = whole_number("a limit")
-port_number = whole_number("a TCP port")  # the configuration holds it to 0..65535, naming server.port
+port_number = whole_number("a TCP port", 65535)
 frame_size = whole_number("a frame size in bytes")
 
 
@@ -226,8 +249,11 @@ def path(value: str) -> Path:
 
 
 def database(value: str) -> str:
-    """`--db`: a file name, kept as text (the configuration's `store.path`)."""
-    return str(path(value))
+    """`--db`: a file name that is not a directory, kept as text (the configuration's `store.path`)."""
+    found = path(value)
+    if found.is_dir():
+        raise _fail(f"{_shown(value)} is a directory (give a database file, e.g. DIR/relay.db)")
+    return str(found)
 
 
 def input_file(value: str) -> Path:

@@ -70,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     sync = commands.add_parser("sync", parents=[common], help="reconcile with another relay over NIP-77, once")
     sync.add_argument("url", type=types.ws_url, help="the peer relay's ws:// or wss:// URL")
     sync.add_argument("--filter", type=types.sync_filter, default="{}", help="a NIP-01 filter as JSON, without limit (default: every event)")
+    sync.add_argument("--create", action="store_true", help="start a new database if there is none (else exit 2)")
     sync.add_argument("--dir", dest="direction", default="both", choices=("down", "up", "both"),
                       help="down: fetch what we lack; up: send what the peer lacks; both (default)")
     sync.add_argument("--frame-size", type=types.frame_size, help="bytes per negentropy message (default: sync.frame_size_limit)")
@@ -266,7 +267,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "sync":
         from relay.commands.sync import run_sync
 
-        return asyncio.run(run_sync(config, args.url, args.filter, args.direction, args.frame_size))
+        return asyncio.run(run_sync(config, args.url, args.filter, args.direction, args.frame_size, args.create))
     if args.command == "status":
         from relay.commands.status import run_status
 

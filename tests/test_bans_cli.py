@@ -51,7 +51,8 @@ async def test_ban_unban_and_bans_keep_verify_clean(tmp_path, alice, bob):
         "kinds": []}
     assert (await _cli(db, "unban", "pubkey", alice.pubkey))[0] == 0
     assert (await _cli(db, "unban", "event", spam["id"]))[0] == 0
-    assert (await _cli(db, "unban", "ip", "192.0.2.1"))[0] == 1
+    code, out, err = await _cli(db, "unban", "ip", "192.0.2.1")
+    assert (code, out) == (1, "") and "192.0.2.1/32 was not banned" in err  # a failure: on stderr
     assert (await _cli(db, "unban", "event", "XYZ"))[0] == 2
     assert (await _cli(db, "ban", "pubkey", "npub1nothex"))[0] == 2
     code, out, _ = await _cli(db, "bans")
@@ -184,3 +185,22 @@ async def test_ban_of_the_serving_relays_admin_is_refused_without_config(tmp_pat
         client = await Client.connect(f"ws://127.0.0.1:{port}")
         assert (await client.publish(alice.sign(content="still here")))[2] is True
         await client.close()
+
+
+async def test_ban_purge_beside_a_serving_relay_leaves_the_purge_to_it(tmp_path, alice, bob):
+    """`relay ban pubkey X --purge` beside a `relay serve`: the serving relay's writer purges X's events (its
+    count was 0, as the relay had removed them first); the command says the relay removes them, and they go."""
+    db = tmp_path / "relay.db"
+    with Served(tmp_path, "--db", db, "--port", "0") as served:
+        port = await asyncio.to_thread(_start, served)
+        client = await Client.connect(f"ws://127.0.0.1:{port}")
+        for i in range(3):
+            assert (await client.publish(bob.sign(content=f"spam {i}")))[2] is True
+        code, out, err = await _cli(db, "ban", "pubkey", bob.pubkey, "--purge")
+        assert code == 0 and "the relay serving the database removes its stored events" in out, (out, err)
+        assert await eventually(lambda: _none_of(client, bob.pubkey))
+        await client.close()
+
+
+async def _none_of(client: Client, pubkey: str) -> bool:
+    return await client.req(f"q{pubkey[:4]}", {"authors": [pubkey]}) == []

@@ -178,3 +178,15 @@ def test_missing_paths_are_one_line_naming_them(tmp_path):
     config = relay_cli("status", "--config", missing / "relay.toml")
     assert _one_line(config, 2).endswith(f"{missing / 'relay.toml'}: no such file or directory\n"), config
     assert not missing.exists()
+
+
+def test_sync_and_rebuild_refuse_a_missing_database(tmp_path):
+    """A mistyped --db is refused (exit 2, one line naming it) by `relay sync` (unless --create) and `relay
+    projectors rebuild`, as by `relay import`: it became a new database that no relay reads."""
+    missing = tmp_path / "typo.db"
+    for args in (("sync", "ws://127.0.0.1:9"), ("projectors", "rebuild", "follows")):
+        line = _one_line(relay_cli(*args, "--db", missing), 2)
+        assert str(missing) in line and "no such database" in line, line
+        assert not missing.exists()
+    assert relay_cli("sync", "ws://127.0.0.1:9", "--create", "--db", missing).returncode == 1  # cannot connect
+    assert missing.exists()

@@ -20,6 +20,7 @@ from relay.config import DEFAULT_DB_PATH, Config
 from relay.store.location import os_reason, require_database, require_directory
 
 EXIT_USAGE = 2  # a path or argument the person who ran the command must fix
+SERVED_DATABASE_HINT = "give the database the relay serves with --db or --config"
 
 
 def path_error(command: str, exc: OSError) -> int:
@@ -35,14 +36,14 @@ def no_such_file(path: Path | str) -> FileNotFoundError:
 
 
 def check_database_path(config: Config, create: bool) -> None:
-    """Without `create`, the database of `config` must exist; with it (`relay serve`, `relay import --create`),
+    """Without `create`, the database of `config` must exist; with it (`relay serve`, `relay import --create`,
+    `relay sync --create`),
     its folder must, unless it is the default `data/relay.db` (the README's quick start, on a fresh clone).
 
     Raises:
         DatabaseUnusable: one line naming the absolute path and how to proceed.
     """
     if not create:
-        require_database(config.store.path, "give the database the relay serves with --db or --config, or "
-                                            "--create to start a new one there")
+        require_database(config.store.path, SERVED_DATABASE_HINT + ", or --create to start a new one there")
     elif config.store.path != DEFAULT_DB_PATH:
         require_directory(config.store.path, "create it first, or check --db")

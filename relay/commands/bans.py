@@ -99,6 +99,10 @@ async def run_ban(config: Config, what: str, item: str, reason: str, purge: bool
         except Refused as exc:  # by the serving relay's writer: its [admin] pubkeys, not this command's config
             print(f"relay ban: {exc}", file=sys.stderr)
             return 2
+        if purge and path.channel is not None:  # the serving relay's writer purges it, as for NIP-86's banpubkey
+            print(f"relay ban: pubkey {item} banned; the relay serving the database removes its stored events "
+                  "(`relay bans` says purging until it is done)")
+            return 0
         removed = await moderation.purge(item) if purge else 0
         print(f"relay ban: pubkey {item} banned" + (f"; {removed} stored events removed" if purge else ""))
         return 0
@@ -120,8 +124,11 @@ async def run_unban(config: Config, what: str, item: str) -> int:
         gone = await moderation.remove(_LISTS[what], key)
     finally:
         await path.close()
-    print(f"relay unban: {what} {key} " + ("unbanned" if gone else "was not banned"))
-    return 0 if gone else 1
+    if not gone:
+        print(f"relay unban: {what} {key} was not banned", file=sys.stderr)
+        return 1
+    print(f"relay unban: {what} {key} unbanned")
+    return 0
 
 
 async def run_bans(config: Config, as_json: bool) -> int:

@@ -18,10 +18,12 @@ from pathlib import Path
 
 import orjson
 
+from relay.commands import SERVED_DATABASE_HINT
+from relay.commands.search import check_search, print_search_check
 from relay.config import Config
 from relay.hooks import negentropy_hook
-from relay.commands.search import check_search, print_search_check
 from relay.store import db
+from relay.store.location import require_database
 from relay.store.negentropy import IndexCheck, NegentropyIndex, verify_index
 from relay.store.projectors.engine import force_rebuild
 from relay.store.projectors.tables import build_progress, ensure_store_tables, quote, read_meta, table_exists
@@ -151,7 +153,7 @@ def run_projectors_rebuild(config: Config, name: str) -> int:
         print(f"relay projectors rebuild: no configured projector {name!r} (configured: {', '.join(names) or 'none'})",
               file=sys.stderr)
         return 2
-    Path(config.store.path).parent.mkdir(parents=True, exist_ok=True)
+    require_database(config.store.path, SERVED_DATABASE_HINT)  # a typo must not start a new database
     conn = sqlite3.connect(config.store.path, isolation_level=None)
     try:
         conn.execute("PRAGMA busy_timeout = 5000")

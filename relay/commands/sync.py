@@ -8,6 +8,7 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
+from relay.commands import check_database_path
 from relay.commands.interrupt import EXIT_INTERRUPTED, interruptible
 from relay.commands.through import open_write_path
 from relay.config import MIN_FRAME_SIZE_LIMIT, Config
@@ -115,10 +116,13 @@ def print_report(url: str, direction: str, report: SyncReport) -> None:
             print(f"    ids {', '.join(ids)}{', ...' if count > len(ids) else ''}" if ids else "    ids unknown")
 
 
-async def run_sync(config: Config, url: str, filter_json: str, direction: str, frame_size: int | None) -> int:
+async def run_sync(config: Config, url: str, filter_json: str, direction: str, frame_size: int | None,
+                   create: bool = False) -> int:
     """`relay sync URL`: exit 0 when in sync (events the peer refused for good are settled, listed), 1 when the
-    peer failed us or events errored (`sync_peers.last_error` says so too), 2 on bad arguments,
-    130 when interrupted (SIGINT), after the summary of what was done."""
+    peer failed us or events errored (`sync_peers.last_error` says so too), 2 on bad arguments or a database
+    that does not exist (without `create`: `check_database_path`), 130 when interrupted (SIGINT), after the
+    summary of what was done."""
+    check_database_path(config, create)
     err = Console(stderr=True)
     if not url.startswith(("ws://", "wss://")):
         print(f"relay sync: not a ws:// or wss:// URL: {url!r}", file=sys.stderr)

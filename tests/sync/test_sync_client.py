@@ -243,7 +243,7 @@ async def test_cli_exits_nonzero_when_peer_answers_notice(tmp_path, alice):
     was done before the failure (here nothing) on stdout."""
     config = local_config(tmp_path)
     async with ScriptedRelay(mode="notice") as peer:
-        code, out, err = await relay_cli_async("sync", peer.url, "--db", config.store.path)
+        code, out, err = await relay_cli_async("sync", peer.url, "--create", "--db", config.store.path)
     assert code == 1
     [summary] = out.splitlines()
     assert summary.startswith(f"sync {peer.url} (both): have 0, need 0, fetched 0, pushed 0, settled 0, errors 0 (0 ")
@@ -253,7 +253,7 @@ async def test_cli_exits_nonzero_when_peer_answers_notice(tmp_path, alice):
 async def test_cli_exits_nonzero_when_peer_is_unreachable(tmp_path):
     """Nothing listening: exit 1 with "cannot connect"; a bad URL or filter: exit 2."""
     config = local_config(tmp_path)
-    code, _, err = await relay_cli_async("sync", f"ws://127.0.0.1:{free_port()}", "--db", config.store.path)
+    code, _, err = await relay_cli_async("sync", f"ws://127.0.0.1:{free_port()}", "--create", "--db", config.store.path)
     assert code == 1 and "cannot connect to ws://127.0.0.1:" in err
     code, _, err = await relay_cli_async("sync", "http://127.0.0.1:1", "--db", config.store.path)
     assert code == 2 and "not a ws:// or wss:// URL" in err
@@ -319,7 +319,7 @@ async def test_push_refusal_that_is_an_error_fails_the_cli(tmp_path, alice):
     events = notes(alice, 3, NOW - 70)
     await seed(config, events)
     async with ScriptedRelay(ok={events[0]["id"]: (False, "error: could not save")}) as peer:
-        code, out, err = await relay_cli_async("sync", peer.url, "--db", config.store.path)
+        code, out, err = await relay_cli_async("sync", peer.url, "--create", "--db", config.store.path)
     assert code == 1
     assert "pushed 2, settled 0, errors 1" in out
     assert "  error 1: error: could not save" in out.splitlines()
@@ -404,7 +404,7 @@ async def test_refused_auth_fails_with_a_clear_message(tmp_path, alice):
     config = local_config(tmp_path)
     await seed(config, notes(alice, 2, NOW - 90))
     async with ScriptedRelay(auth="refuse") as peer:
-        code, out, err = await relay_cli_async("sync", peer.url, "--db", config.store.path)
+        code, out, err = await relay_cli_async("sync", peer.url, "--create", "--db", config.store.path)
     assert code == 1
     assert "refused our NIP-42 AUTH as node" in err
     assert "restricted: this node is not on the allow list" in err
