@@ -9,6 +9,7 @@ counts are those a client would have been told in its OK replies.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import stat
 import sys
@@ -273,6 +274,7 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None, cr
     except OSError as exc:
         return path_error("import", exc)
     processes = default_processes() if processes is None else processes
+    config = _bulk(config)
     pool = CheckingPool(processes) if processes > 0 else None  # forked before any thread starts
     try:
         path = await open_write_path(config, read_connections=1)  # through the running relay if one serves it
@@ -315,6 +317,19 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None, cr
               file=sys.stderr)
         return 1
     return 0
+
+
+IMPORT_BATCH = 8192  # events per transaction at most when the import writes itself (no relay serves the database)
+IMPORT_BATCH_BYTES = 67_108_864
+
+
+def _bulk(config: Config) -> Config:
+    """`config` with transactions of up to IMPORT_BATCH events for an import's own writer: a page that many
+    events touch is written once per commit, not once per `[store] max_batch` (there are no subscribers here
+    to get a commit's events at once).  A relay serving the database keeps its own settings."""
+    store = dataclasses.replace(config.store, max_batch=max(config.store.max_batch, IMPORT_BATCH),
+                                max_batch_bytes=max(config.store.max_batch_bytes, IMPORT_BATCH_BYTES))
+    return dataclasses.replace(config, store=store)
 
 
 async def run_export(config: Config, filter_json: str, output: Path | None) -> int:
