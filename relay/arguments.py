@@ -1,8 +1,8 @@
 """Types for the `relay` command line's arguments: each turns one argv string into a checked value.
 
 Every option and positional of relay/cli.py goes through one of these as its argparse `type=`, so that a bad
-value stops the command before anything runs: argparse prints the usage and `relay CMD: error: argument --pk:
-<what is wrong>`, exit 2.  Text is checked first everywhere: Python hands a byte of argv that is not UTF-8 over
+value stops the command before anything runs: one line, `relay CMD: error: argument --pk: <what is wrong>
+(see relay CMD --help)` (relay/cli.py's parser), exit 2.  Text is checked first everywhere: Python hands a byte of argv that is not UTF-8 over
 as a lone surrogate (surrogateescape, U+DC80..U+DCFF), which SQLite, JSON and the log cannot encode, and a NUL,
 which no real argv holds, cuts an SQL statement short.
 """
