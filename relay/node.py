@@ -64,7 +64,8 @@ _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 _MMAP_THRESHOLD_BYTES = 1_048_576
 
 
-async def open_store(config: Config, read_connections: int | None = None, background_builds: bool = False) -> Store:
+async def open_store(config: Config, read_connections: int | None = None, background_builds: bool = False,
+                     bulk: bool = False) -> Store:
     """The store of `config` (`[store] path`), with its transaction hooks, for writing.
 
     `read_connections` overrides `[store] read_connections` (offline commands
@@ -72,12 +73,13 @@ async def open_store(config: Config, read_connections: int | None = None, backgr
     or changed is built first, which can take a while on a large store, unless
     `background_builds` (`Node`) leaves its build for later (`ProjectorHook.builds`).  An offline writer beside
     a relay that serves the database (relay/locks.py) leaves a build in progress to that relay: a step here
-    would hold the write lock the relay's writer waits for.
+    would hold the write lock the relay's writer waits for.  `bulk`: the options of a bulk load
+    (`StoreOptions.bulk`: `relay import`).
     """
     s = config.store
     served = not background_builds and is_served(s.path)
-    return await Store.open(s.path, s.options(read_connections, config.server.public_url),
-                            hooks(config, background_builds, served))
+    options = s.options(read_connections, config.server.public_url)
+    return await Store.open(s.path, options.bulk() if bulk else options, hooks(config, background_builds, served))
 
 
 class Node:

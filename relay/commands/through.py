@@ -84,8 +84,9 @@ class WritePath:
             await self._reading
 
 
-async def open_write_path(config: Config, read_connections: int) -> WritePath:
-    """The running relay's writer when it serves the database of `config`, else the store opened for writing.
+async def open_write_path(config: Config, read_connections: int, bulk: bool = False) -> WritePath:
+    """The running relay's writer when it serves the database of `config`, else the store opened for writing
+    (`bulk`: with `StoreOptions.bulk`, for `relay import`; a serving relay keeps its own).
 
     Raises:
         DatabaseUnusable: the database cannot be opened, or a relay serves it and its channel cannot be reached.
@@ -99,7 +100,7 @@ async def open_write_path(config: Config, read_connections: int) -> WritePath:
             break
         except OSError as exc:  # no relay serves it (a socket file of one that died refuses connections)
             if not is_served(config.store.path):
-                return WritePath(await open_store(config, read_connections))
+                return WritePath(await open_store(config, read_connections, bulk=bulk))
             if waited >= CHANNEL_WAIT_SECONDS:  # a relay holds the lock: starting, or its socket was removed
                 raise DatabaseUnusable(config.store.path, f"a relay serves it, but its writer's channel {socket} "
                                        f"cannot be reached ({exc.strerror or exc}) after {waited:.0f} s; if it is "

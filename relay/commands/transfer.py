@@ -9,7 +9,6 @@ counts are those a client would have been told in its OK replies.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import stat
 import sys
@@ -141,15 +140,17 @@ async def import_lines(ingest: Ingest, lines: Iterable[bytes] | AsyncIterable[by
 
 
 class _Chunks:
-    """An import's chunks of lines on their way to the writer, counted in order.  With a `CheckingPool`, up to
-    two per process are checked at once while the writer stores the ones before; each is handed to ingest only
-    after the one before it, so the writer takes lines in the file's order."""
+    """An import's chunks of lines on their way to the writer, counted in order.  With a `CheckingPool`, several
+    (two per process, or a writer's transaction of them) are checked while the writer stores the ones before;
+    each is handed to ingest only after the one before it, so the writer takes lines in the file's order."""
 
     def __init__(self, ingest: Ingest, pool: CheckingPool | None, report: ImportReport, progress,
                  rejected: Rejected | None) -> None:
         self.ingest, self.pool, self.report, self.progress, self.rejected = ingest, pool, report, progress, rejected
         self._pending: deque[tuple[list[tuple[int, bytes]], asyncio.Future]] = deque()
         self._handed: asyncio.Future | None = None  # set once the newest chunk was handed to ingest
+        # Two per checking process, and enough to fill one transaction of the writer (a bulk load's is large).
+        self._ahead = max(2 * (pool.processes if pool else 1), -(-ingest.store.options.max_batch // CHUNK_LINES) + 1)
 
     async def add(self, chunk: list[tuple[int, bytes]]) -> None:
         """Start `chunk` on its way; wait while as many as the pool holds are on theirs."""
@@ -160,7 +161,7 @@ class _Chunks:
             return
         before, self._handed = self._handed, asyncio.get_running_loop().create_future()
         self._pending.append((chunk, asyncio.ensure_future(self._checked(chunk, before, self._handed))))
-        while len(self._pending) > 2 * self.pool.processes:
+        while len(self._pending) > self._ahead:
             await self._settle_oldest()
 
     async def drain(self) -> None:
@@ -274,10 +275,9 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None, cr
     except OSError as exc:
         return path_error("import", exc)
     processes = default_processes() if processes is None else processes
-    config = _bulk(config)
     pool = CheckingPool(processes) if processes > 0 else None  # forked before any thread starts
     try:
-        path = await open_write_path(config, read_connections=1)  # through the running relay if one serves it
+        path = await open_write_path(config, read_connections=1, bulk=True)  # through the running relay if one serves it
     except BaseException:
         if pool is not None:
             pool.close()
@@ -317,19 +317,6 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None, cr
               file=sys.stderr)
         return 1
     return 0
-
-
-IMPORT_BATCH = 8192  # events per transaction at most when the import writes itself (no relay serves the database)
-IMPORT_BATCH_BYTES = 67_108_864
-
-
-def _bulk(config: Config) -> Config:
-    """`config` with transactions of up to IMPORT_BATCH events for an import's own writer: a page that many
-    events touch is written once per commit, not once per `[store] max_batch` (there are no subscribers here
-    to get a commit's events at once).  A relay serving the database keeps its own settings."""
-    store = dataclasses.replace(config.store, max_batch=max(config.store.max_batch, IMPORT_BATCH),
-                                max_batch_bytes=max(config.store.max_batch_bytes, IMPORT_BATCH_BYTES))
-    return dataclasses.replace(config, store=store)
 
 
 async def run_export(config: Config, filter_json: str, output: Path | None) -> int:

@@ -142,12 +142,13 @@ def migrate(conn: sqlite3.Connection) -> int:
     return version
 
 
-def _configure(conn: sqlite3.Connection, synchronous: str, readonly: bool, autocheckpoint_pages: int) -> None:
+def _configure(conn: sqlite3.Connection, synchronous: str, readonly: bool, autocheckpoint_pages: int,
+               cache_kib: int | None) -> None:
     conn.execute("PRAGMA busy_timeout = 5000")
     conn.execute("PRAGMA temp_store = MEMORY")
-    # KiB of page cache: the writer's 64 MiB holds the hot index pages; readers
+    # KiB of page cache: the writer's 64 MiB (by default) holds the hot index pages; readers
     # share the OS page cache, so 16 MiB each is enough.
-    conn.execute(f"PRAGMA cache_size = {-16384 if readonly else -65536:d}")
+    conn.execute(f"PRAGMA cache_size = {-(cache_kib or (16384 if readonly else 65536)):d}")
     if readonly:
         conn.execute("PRAGMA query_only = 1")
     else:
@@ -157,10 +158,11 @@ def _configure(conn: sqlite3.Connection, synchronous: str, readonly: bool, autoc
 
 
 async def connect(path: Path, synchronous: str = "normal", readonly: bool = False,
-                  autocheckpoint_pages: int = 1000) -> aiosqlite.Connection:
+                  autocheckpoint_pages: int = 1000, cache_kib: int | None = None) -> aiosqlite.Connection:
     """Open one aiosqlite connection in autocommit mode with our pragmas (WAL).
 
-    `autocheckpoint_pages` is SQLite's `wal_autocheckpoint` for a writing connection.
+    `autocheckpoint_pages` is SQLite's `wal_autocheckpoint` for a writing connection; `cache_kib` its page
+    cache in KiB (None: 64 MiB for a writer, 16 MiB for a reader).
 
     Read connections return TEXT as bytes, so stored event JSON goes to the
     socket without a decode/encode round trip.
@@ -172,7 +174,7 @@ async def connect(path: Path, synchronous: str = "normal", readonly: bool = Fals
     # from exiting (WAL rolls back whatever was not committed).
     conn._thread.daemon = True
     await conn
-    await run(conn, _configure, synchronous, readonly, autocheckpoint_pages)
+    await run(conn, _configure, synchronous, readonly, autocheckpoint_pages, cache_kib)
     if readonly:
         conn.text_factory = bytes
     return conn

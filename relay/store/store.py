@@ -14,6 +14,7 @@ wait on the writer).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 import time
 from collections import deque
@@ -69,6 +70,21 @@ class StoreOptions:
         "doc": "removals kept in the change feed's log (oldest dropped first); an older cursor is refused",
         "unit": "entries", "min": 1})
     relay_urls: frozenset[tuple] = frozenset()  # this relay's URL keys (relay_url_key), for NIP-62 requests to vanish
+    writer_cache_kib: int = 65_536  # the write connection's page cache (not a key; see `bulk`)
+
+    def bulk(self) -> StoreOptions:
+        """These options for a writer that takes a bulk load (`relay import` writing itself): transactions of up
+        to BULK_BATCH events and a page cache of BULK_CACHE_KIB, so that an index page many events of one
+        transaction touch is written once per commit, not once per `max_batch`; no subscriber waits for a
+        commit's events here."""
+        return dataclasses.replace(self, max_batch=max(self.max_batch, BULK_BATCH),
+                                   max_batch_bytes=max(self.max_batch_bytes, BULK_BATCH_BYTES),
+                                   writer_cache_kib=max(self.writer_cache_kib, BULK_CACHE_KIB))
+
+
+BULK_BATCH = 32_768  # events per transaction of a bulk load at most (StoreOptions.bulk)
+BULK_BATCH_BYTES = 268_435_456
+BULK_CACHE_KIB = 1_048_576
 
 
 RETRY_FIRST_SECONDS = 1.0  # `run_retried`: the first wait after a failure, doubled at each failure in a row
@@ -153,7 +169,7 @@ class Store:
         try:
             store.path.parent.mkdir(parents=True, exist_ok=True)
             store._writer_conn = await db.connect(
-                store.path, options.synchronous,
+                store.path, options.synchronous, cache_kib=options.writer_cache_kib,
                 autocheckpoint_pages=db.FALLBACK_AUTOCHECKPOINT_PAGES if options.checkpoint_interval_seconds > 0
                 else 1000)
             await db.run(store._writer_conn, db.migrate)
