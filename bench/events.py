@@ -65,6 +65,18 @@ def author_secret(seed: int, i: int) -> bytes:
     return hashlib.sha256(f"bench-author:{seed}:{i}".encode()).digest()
 
 
+def reply_tags(root: tuple, parent: tuple, pubkeys: list[str]) -> list[list[str]]:
+    """NIP-10 tags of a reply to `parent` in the thread of `root` ((id, author index) each): the marked `e`
+    tags, then `p` of their authors."""
+    tags = [["e", root[0], "", "root"]]
+    if parent is not root:
+        tags.append(["e", parent[0], "", "reply"])
+    tags.append(["p", pubkeys[root[1]]])
+    if parent[1] != root[1]:
+        tags.append(["p", pubkeys[parent[1]]])
+    return tags
+
+
 def event_id(pubkey: str, created_at: int, kind: int, tags: list, content: str) -> str:
     ser = json.dumps([0, pubkey, created_at, kind, tags, content],
                      separators=(",", ":"), ensure_ascii=False)
@@ -116,12 +128,7 @@ def plan(n: int, seed: int, n_authors: int, base_ts: int = BASE_TS):
                     root = rng.choice(roots[-2000:])
                 tail = thread_tail.setdefault(root[0], [])
                 parent = rng.choice(tail[-5:]) if tail and rng.random() < 0.6 else root
-                tags = [["e", root[0], "", "root"]]
-                if parent is not root:
-                    tags.append(["e", parent[0], "", "reply"])
-                tags.append(["p", pubkeys[root[1]]])
-                if parent[1] != root[1]:
-                    tags.append(["p", pubkeys[parent[1]]])
+                tags = reply_tags(root, parent, pubkeys)
                 content = _text(rng, 3, 30)
                 is_root = False
             else:
@@ -321,13 +328,7 @@ class _ScalePlanner:
             root = rng.choice(self.hot_roots) if rng.random() < 0.5 else rng.choice(self.roots)
             tail = self.tails.get(root[0])
             parent = rng.choice(tail) if tail and rng.random() < 0.6 else root
-            tags = [["e", root[0], "", "root"]]
-            if parent is not root:
-                tags.append(["e", parent[0], "", "reply"])
-            tags.append(["p", pk[root[1]]])
-            if parent[1] != root[1]:
-                tags.append(["p", pk[parent[1]]])
-            return tags, _text(rng, 3, 30)
+            return reply_tags(root, parent, pk), _text(rng, 3, 30)
         tags = [["p", pk[self.author()]] for _ in range(rng.randint(1, 3))] if rng.random() < 0.25 else []
         if rng.random() < 0.1:
             tags.append(["t", rng.choice(WORDS)])
