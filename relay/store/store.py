@@ -29,7 +29,7 @@ from relay.failing import FailingSteps
 from relay.protocol.auth import PrivateKinds
 from relay.protocol.event import Event
 from relay.protocol.filters import Filter
-from relay.store import db, feed
+from relay.store import bulk, db, feed
 from relay.store.bounds import run_with_deadline
 from relay.store.checkpoint import CHECKPOINT_MODES, checkpoint
 from relay.store.location import DatabaseUnusable, check_location
@@ -174,6 +174,9 @@ class Store:
                 else 1000)
             await db.run(store._writer_conn, db.migrate)
             await db.run(store._writer_conn, feed.set_max_entries, options.change_log_max_entries)
+            # a bulk load that died before building its deferred indexes (relay/store/bulk.py): build them now
+            if (await db.run(store._writer_conn, bulk.restore_indexes))[1]:
+                log.warning("deferred_indexes_built", note="a bulk load (relay import) ended before building them")
         except (OSError, sqlite3.Error) as exc:  # e.g. not a database, or a read-only file system
             raise DatabaseUnusable(store.path, str(exc)) from exc
         for hook in store.hooks:
