@@ -341,16 +341,16 @@ class Store:
             batch = self._take_batch()
             if len(pending) < self.options.writer_queue_size:
                 self._room.set()
-            # Writes first, then jobs: each entry is answered in this order, so on a fatal error the
-            # entries from `answered` on are those still waiting.
-            entries = [e for e in batch if isinstance(e[0], Write)] + [e for e in batch if not isinstance(e[0], Write)]
+            writes = [e for e in batch if isinstance(e[0], Write)]
+            jobs = [e for e in batch if not isinstance(e[0], Write)]
             self._answered = 0
             try:
-                await self._write(entries)
+                await self._write(writes, jobs)
             except Exception as exc:  # only what `is_fatal` lets through: the database cannot be written
                 self._failure = exc
                 log.error("writer_failed", error=repr(exc))
-                self._fail_waiters(entries[self._answered:])
+                # writes are answered first, then jobs, each in order: the rest still wait
+                self._fail_waiters((writes + jobs)[self._answered:])
                 raise StoreFailed(f"database write failed: {exc!r}") from exc
 
     def _take_batch(self) -> list:
@@ -367,9 +367,8 @@ class Store:
             batch.append(pending.popleft())
         return batch
 
-    async def _write(self, entries: list) -> None:
-        """Apply `entries` (writes, then jobs), answering each in order; raise only what `is_fatal` says."""
-        writes = [e for e in entries if isinstance(e[0], Write)]
+    async def _write(self, writes: list, jobs: list) -> None:
+        """Apply `writes`, then run `jobs`, answering each in order; raise only what `is_fatal` says."""
         if writes:
             try:
                 await self._apply(writes)
@@ -382,7 +381,7 @@ class Store:
                 await db.run(self._writer_conn, db.rollback_open_transaction)
                 for write in writes:
                     await self._apply_alone(write)
-        for job, done in entries[len(writes):]:
+        for job, done in jobs:
             try:
                 changes, result = await db.run(self._writer_conn, job)
             except Exception as exc:
