@@ -13,9 +13,13 @@ def main() -> int:
     """Run the command line; returns the exit code."""
     if sys.argv[1:2] == ["serve"]:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    from relay.cli import main as run_command_line
+    try:
+        from relay.cli import main as run_command_line
 
-    return run_command_line()
+        return run_command_line()
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before the command could take it: stop now, quietly
+        print("relay: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ killed with SIGKILL; a reader trusts it only while the writer's pid is alive.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -64,3 +65,15 @@ def is_running(pid: int) -> bool:
     except PermissionError:  # another user's: it exists
         return True
     return True
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(signum: int) -> None:
+    """Ask Linux for signal `signum` in this process when its parent dies, however it dies (prctl
+    PR_SET_PDEATHSIG; it fires when the thread that made this process ends); elsewhere nothing."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signum)
+    except (OSError, AttributeError):
+        pass

@@ -25,7 +25,6 @@ runs: one that came earlier stops it then, before it listens or says it started.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
 import pickle
 import signal
@@ -46,6 +45,7 @@ from relay.ingest.moderation import Moderation
 from relay.logging import configure_logging
 from relay.metrics import CONTENT_TYPE, Metrics, inherited_multiprocess
 from relay.node import add_status_page, stop_on_signals, tune_after_start, unmap_large_blocks_when_freed
+from relay.processes import die_with_parent
 from relay.runtime import runtime_dir
 from relay.server.app import RelayServer
 from relay.server.ratelimit import open_ip_table
@@ -55,7 +55,6 @@ from relay.store.store import Store
 log = structlog.get_logger("relay.worker")  # (not __name__: run as __main__, outside the "relay" logger)
 
 HEALTHY_WITHIN_SECONDS = 1.0  # /health: a frame from the writer this recently
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def reuseport_socket(host: str, port: int) -> socket.socket:
@@ -81,11 +80,7 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
 
 def _die_with_parent() -> None:
     """Ask Linux for SIGUSR1 when the parent (the writer process) dies, however it dies; elsewhere nothing."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGUSR1)
-    except (OSError, AttributeError):
-        pass
+    die_with_parent(signal.SIGUSR1)
 
 
 async def serve_worker(config: Config, index: int, port: int, count: int) -> int:

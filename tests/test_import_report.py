@@ -214,3 +214,66 @@ def test_ctrl_c_to_the_process_group_during_an_import_with_checking_processes(tm
     assert proc.returncode == 130, (out, err)
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert REPORT.match(out.splitlines()[0])
+
+
+def _unique_events(path, n: int) -> None:
+    """`n` distinct kind-1 events (no supersession: each line stored is one event held)."""
+    keys = Keys(0x5EED)
+    path.write_text("".join(json.dumps(keys.sign(content=f"line {i}", created_at=1_700_000_000 + i)) + "\n"
+                            for i in range(n)))
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+    except OSError:
+        return []
+
+
+def test_ctrl_c_counts_every_line_it_stored(tmp_path):
+    """SIGINT to the group mid-import, lines checked ahead in processes: the summary's `stored` is what the
+    database holds (chunks on their way were stored but not counted)."""
+    source, db = tmp_path / "unique.jsonl", tmp_path / "unique.db"
+    _unique_events(source, 80_000)
+    proc = subprocess.Popen([sys.executable, "-m", "relay", "import", "--create", str(source), "--db", str(db),
+                             "--processes", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(),
+                            start_new_session=True)
+    deadline = time.monotonic() + CLI_TIMEOUT
+    while not db.with_name("unique.db-wal").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=CLI_TIMEOUT)
+    assert proc.returncode == 130, (out, err)
+    report = parse_report(out.decode())
+    held = relay_cli("export", "--db", db).stdout.count("\n")
+    assert report.stored == held and report.total < 80_000, (report, held)
+
+
+def test_checking_processes_die_with_the_import(tmp_path):
+    """`kill -9` of an import: its checking processes do not outlive it (they were left blocked on a pipe)."""
+    source, db = tmp_path / "unique.jsonl", tmp_path / "unique.db"
+    _unique_events(source, 40_000)
+    proc = subprocess.Popen([sys.executable, "-m", "relay", "import", "--create", str(source), "--db", str(db),
+                             "--processes", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=clean_env(), start_new_session=True)
+    deadline = time.monotonic() + CLI_TIMEOUT
+    while len(children := _children(proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(children) >= 2
+    time.sleep(0.5)
+    proc.kill()
+    proc.wait(timeout=CLI_TIMEOUT)
+    deadline = time.monotonic() + 10
+    while (alive := [c for c in children if os.path.exists(f"/proc/{c}")]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in alive:  # (a failure must not leave them running)
+        os.kill(pid, signal.SIGKILL)
+    assert not alive
+
+
+def test_an_empty_file_is_not_a_relay_database(tmp_path):
+    """`relay verify` on a 0-byte file (an import interrupted at its first instant left one): one line, exit 2."""
+    (tmp_path / "zero.db").write_bytes(b"")
+    done = relay_cli("verify", "--db", tmp_path / "zero.db")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "not a relay database" in done.stderr, done

@@ -37,16 +37,21 @@ BUILDING_EXIT = 3  # `relay verify` and `relay query`: a projector is being buil
 
 def open_readonly(path: str) -> sqlite3.Connection | None:
     """A read-only autocommit connection to the database at `path` (a running relay is not disturbed); None, with
-    a line on stderr, when there is no such file."""
+    a line on stderr, when there is no such file or it holds no relay's schema (an empty file an interrupted
+    first import left, another program's database)."""
     file = Path(path)
     if not file.exists():
         print(f"relay: no database at {file}", file=sys.stderr)
         return None
     try:
-        return db.connect_readonly(file)
+        conn = db.connect_readonly(file)
+        if conn.execute("PRAGMA user_version").fetchone()[0] > 0:
+            return conn
+        conn.close()
+        print(f"relay: {file}: not a relay database (no schema: empty, or another program's)", file=sys.stderr)
     except sqlite3.Error as exc:
         print(f"relay: {file}: {exc}", file=sys.stderr)
-        return None
+    return None
 
 
 def run_verify(config: Config) -> int:

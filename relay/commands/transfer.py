@@ -108,7 +108,7 @@ async def import_lines(ingest: Ingest, lines: Iterable[bytes] | AsyncIterable[by
     report = ImportReport() if report is None else report
     chunks = _Chunks(ingest, pool, report, progress, rejected)
     source = aiter(lines) if isinstance(lines, AsyncIterable) else _async(lines)
-    chunk: list[tuple[int, bytes]] = []
+    chunk: list[tuple[int, bytes]] = []  # lines read and not yet handed to `chunks`
     number = 0
     try:
         while True:
@@ -116,14 +116,10 @@ async def import_lines(ingest: Ingest, lines: Iterable[bytes] | AsyncIterable[by
                 line = await anext(source)
             except StopAsyncIteration:
                 break
-            except asyncio.CancelledError:
-                await chunks.add(chunk)
-                await chunks.drain()
-                raise
             if line is PAUSED:  # the input paused: store what came so far
-                await chunks.add(chunk)
+                full, chunk = chunk, []
+                await chunks.add(full)
                 await chunks.drain()
-                chunk = []
                 continue
             number += 1
             if isinstance(line, Outcome):
@@ -131,10 +127,14 @@ async def import_lines(ingest: Ingest, lines: Iterable[bytes] | AsyncIterable[by
             elif line.strip():
                 chunk.append((number, line))
             if len(chunk) >= CHUNK_LINES:
-                await chunks.add(chunk)
-                chunk = []
+                full, chunk = chunk, []
+                await chunks.add(full)
         await chunks.add(chunk)
         await chunks.drain()
+    except asyncio.CancelledError:  # (SIGINT): what was read is stored, and every chunk on its way is counted
+        await chunks.add(chunk)
+        await chunks.drain()
+        raise
     finally:
         chunks.abandon()
     return report
@@ -150,18 +150,21 @@ class _Chunks:
         self.ingest, self.pool, self.report, self.progress, self.rejected = ingest, pool, report, progress, rejected
         self._pending: deque[tuple[list[tuple[int, bytes]], asyncio.Future]] = deque()
         self._handed: asyncio.Future | None = None  # set once the newest chunk was handed to ingest
-        # Two per checking process, and enough to fill one transaction of the writer (a bulk load's is large).
-        self._ahead = max(2 * (pool.processes if pool else 1), -(-ingest.store.options.max_batch // CHUNK_LINES) + 1)
+        # Two per checking process, and enough to fill one transaction of the writer (a bulk load's is large);
+        # none ahead without a pool (the ingest's threads check one chunk at a time).
+        self._ahead = 0 if pool is None else max(2 * pool.processes,
+                                                 -(-ingest.store.options.max_batch // CHUNK_LINES) + 1)
 
     async def add(self, chunk: list[tuple[int, bytes]]) -> None:
         """Start `chunk` on its way; wait while as many as the pool holds are on theirs."""
         if not chunk:
             return
         if self.pool is None:
-            self._count(chunk, await self.ingest.accept_many([line for _, line in chunk], IMPORT))
-            return
-        before, self._handed = self._handed, asyncio.get_running_loop().create_future()
-        self._pending.append((chunk, asyncio.ensure_future(self._checked(chunk, before, self._handed))))
+            task = asyncio.ensure_future(self.ingest.accept_many([line for _, line in chunk], IMPORT))
+        else:
+            before, self._handed = self._handed, asyncio.get_running_loop().create_future()
+            task = asyncio.ensure_future(self._checked(chunk, before, self._handed))
+        self._pending.append((chunk, task))
         while len(self._pending) > self._ahead:
             await self._settle_oldest()
 
@@ -187,8 +190,11 @@ class _Chunks:
             handed.done() or handed.set_result(None)  # the next chunk never waits for one that failed
 
     async def _settle_oldest(self) -> None:
-        chunk, task = self._pending.popleft()
-        self._count(chunk, await task)
+        chunk, task = self._pending[0]
+        # shielded: a SIGINT while waiting leaves the chunk on its way (its events may commit), to be counted
+        answers = await asyncio.shield(task)
+        self._pending.popleft()
+        self._count(chunk, answers)
 
     def _count(self, chunk: list[tuple[int, bytes]], answers: list[tuple[Outcome, Event | None]]) -> None:
         for (number, line), (outcome, event) in zip(chunk, answers):

@@ -22,6 +22,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from relay.ingest.outcome import BAD_SIGNATURE, Outcome
+from relay.processes import die_with_parent
 from relay.protocol import rules
 from relay.protocol.envelopes import loads
 from relay.protocol.event import Event, EventLimits, parse_event, verify_signature
@@ -58,7 +59,8 @@ class CheckingPool:
         # and only the command (the parent) answers it; they end when it closes the pool.
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            self._pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork"))
+            self._pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork"),
+                                             initializer=_die_with_parent)
             for started in [self._pool.submit(os.getpid) for _ in range(processes)]:
                 started.result()
         finally:
@@ -69,5 +71,11 @@ class CheckingPool:
         return await asyncio.get_running_loop().run_in_executor(self._pool, check_lines, lines, limits)
 
     def close(self) -> None:
-        """Stop the processes (once they finish what they hold)."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Stop the processes: what they hold is dropped, and they exit once their current chunk is done."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _die_with_parent() -> None:
+    """In a checking process: SIGKILL when the command that made it dies, so that none is left blocked on a
+    pipe nobody reads."""
+    die_with_parent(signal.SIGKILL)

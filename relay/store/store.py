@@ -176,7 +176,8 @@ class Store:
             await db.run(store._writer_conn, feed.set_max_entries, options.change_log_max_entries)
             # a bulk load that died before building its deferred indexes (relay/store/bulk.py): build them now
             if (await db.run(store._writer_conn, bulk.restore_indexes))[1]:
-                log.warning("deferred_indexes_built", note="a bulk load (relay import) ended before building them")
+                log.warning("deferred_indexes_built", note="a bulk load (relay import) had not built them: it "
+                                                               "ended early, or is still loading")
         except (OSError, sqlite3.Error) as exc:  # e.g. not a database, or a read-only file system
             raise DatabaseUnusable(store.path, str(exc)) from exc
         for hook in store.hooks:
