@@ -200,20 +200,26 @@ def test_ctrl_c_to_the_process_group_during_an_import_with_checking_processes(tm
     command, which prints its summary and exits 130, and no process prints a traceback."""
     source = tmp_path / "big.jsonl"
     source.write_bytes(REAL_EVENTS.read_bytes() * 8)
-    db = tmp_path / "big.db"
-    proc = subprocess.Popen([sys.executable, "-m", "relay", "import", "--create", str(source), "--db", str(db),
-                             "--processes", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(),
-                            start_new_session=True)
-    deadline = time.monotonic() + CLI_TIMEOUT
-    while not db.with_name("big.db-wal").exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.02)
-    time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGINT)
+    proc = _interrupted_import(source, tmp_path / "big.db", 0.5)
     out, err = proc.communicate(timeout=CLI_TIMEOUT)
     out, err = out.decode(), err.decode()
     assert proc.returncode == 130, (out, err)
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert REPORT.match(out.splitlines()[0])
+
+
+def _interrupted_import(source, db, after_seconds: float) -> subprocess.Popen:
+    """`relay import --create SOURCE --db DB --processes 2` in a process group of its own, sent SIGINT as a
+    terminal's Ctrl-C does (the whole group) `after_seconds` into its writing; its stdout and stderr piped."""
+    proc = subprocess.Popen([sys.executable, "-m", "relay", "import", "--create", str(source), "--db", str(db),
+                             "--processes", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(),
+                            start_new_session=True)
+    deadline = time.monotonic() + CLI_TIMEOUT
+    while not db.with_name(db.name + "-wal").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    time.sleep(after_seconds)
+    os.killpg(proc.pid, signal.SIGINT)
+    return proc
 
 
 def _unique_events(path, n: int) -> None:
@@ -235,14 +241,7 @@ def test_ctrl_c_counts_every_line_it_stored(tmp_path):
     database holds (chunks on their way were stored but not counted)."""
     source, db = tmp_path / "unique.jsonl", tmp_path / "unique.db"
     _unique_events(source, 80_000)
-    proc = subprocess.Popen([sys.executable, "-m", "relay", "import", "--create", str(source), "--db", str(db),
-                             "--processes", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(),
-                            start_new_session=True)
-    deadline = time.monotonic() + CLI_TIMEOUT
-    while not db.with_name("unique.db-wal").exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.02)
-    time.sleep(0.3)
-    os.killpg(proc.pid, signal.SIGINT)
+    proc = _interrupted_import(source, db, 0.3)
     out, err = proc.communicate(timeout=CLI_TIMEOUT)
     assert proc.returncode == 130, (out, err)
     report = parse_report(out.decode())
