@@ -254,7 +254,7 @@ class ManagementApi:
 
     async def _authorize(self, request: HttpRequest) -> tuple[str, frozenset[str] | None]:
         """(the pubkey that signed `request`'s NIP-98 event, the methods it may call: None for an admin's
-        every method); the event's id is then used up."""
+        every method); the event is then used up."""
         now = time.time()
         event = check_http_auth(request.header("authorization"), self.url, request.method, request.body, now,
                                 self.max_age_seconds, self.limits, request.query)
@@ -262,12 +262,9 @@ class ManagementApi:
         if allowed is not None and not allowed:
             raise Rejection("restricted", "this pubkey is not an admin of this relay and was granted no method")
         # One writer job for every process of the relay (relay/store/auth_claims.py), so no worker takes a replay.
-        if not await self.moderation.store.run_job(auth_claims.claim, event.id,
+        if not await self.moderation.store.run_job(auth_claims.claim, event.sig,
                                                    event.created_at + self.max_age_seconds, int(now)):
-            # Replay protection: NIP-98's id covers created_at, tags and content, not the signature, so two
-            # identical calls signed within one second share it; the message says how to tell them apart.
-            raise Rejection("invalid", "NIP-98: this auth event was used already; sign a new auth event (two "
-                            "identical calls need different created_at or an extra tag)")
+            raise Rejection("invalid", "NIP-98: this auth event was used already; sign a new one")
         return event.pubkey, allowed
 
     async def _call(self, method: str, params: list, allowed: frozenset[str] | None) -> object:
