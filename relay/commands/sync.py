@@ -56,7 +56,8 @@ async def sync_once(config: Config, url: str, filter_obj: dict, options: SyncOpt
         NodeKeyError: the node key file cannot be created or read.
     """
     key = node_key(config)
-    path = await open_write_path(config, read_connections=2)  # through the running relay if one serves it
+    # Through the running relay if one serves it; else a bulk load (a first sync fetches a whole backlog).
+    path = await open_write_path(config, read_connections=2, bulk=True)
     store = path.store
     states = await PeerStates.open(config.store.path)
     ingest = await path.ingest(config)  # bans

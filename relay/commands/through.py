@@ -32,6 +32,7 @@ from relay.ingest import Ingest
 from relay.ingest.moderation import Moderation
 from relay.locks import is_served
 from relay.node import open_store
+from relay.store.bulk import defer_indexes, restore_indexes
 from relay.store.location import DatabaseUnusable
 from relay.store.store import Store
 
@@ -42,7 +43,8 @@ _CHANNEL_RETRY_SECONDS = 0.25
 
 @dataclass
 class WritePath:
-    """Where a command writes: `store`, and the running relay's `channel` (None: the store's own writer)."""
+    """Where a command writes: `store`, and the running relay's `channel` (None: the store's own writer);
+    `deferred`: the events' secondary indexes wait for `close()` (a bulk load into an empty store)."""
 
     store: Store
     channel: WriterChannel | None = None
@@ -50,6 +52,7 @@ class WritePath:
     # Set by close(): the running relay's writer went away while this command wrote through it (its events
     # since then were answered "error:" and may or may not be stored).
     writer_lost: bool = False
+    deferred: bool = False
 
     async def ingest(self, config: Config) -> Ingest:
         """The command's `Ingest` on `store` with the bans of config and database, its last stage sent to the
@@ -76,7 +79,9 @@ class WritePath:
                 await task
 
     async def close(self) -> None:
-        """Close the store (its writer drains first), then the channel."""
+        """Build the deferred indexes, if any; close the store (its writer drains first), then the channel."""
+        if self.deferred:
+            await self.store.run_job(restore_indexes)
         await self.store.close()
         if self.channel is not None:
             self.writer_lost = self.channel.closed
@@ -86,7 +91,8 @@ class WritePath:
 
 async def open_write_path(config: Config, read_connections: int, bulk: bool = False) -> WritePath:
     """The running relay's writer when it serves the database of `config`, else the store opened for writing
-    (`bulk`: with `StoreOptions.bulk`, for `relay import`; a serving relay keeps its own).
+    (`bulk`: with `StoreOptions.bulk`, and into an empty store the events' secondary indexes built at `close()`
+    (relay/store/bulk.py), for `relay import` and `relay sync`; a serving relay keeps its own).
 
     Raises:
         DatabaseUnusable: the database cannot be opened, or a relay serves it and its channel cannot be reached.
@@ -100,7 +106,8 @@ async def open_write_path(config: Config, read_connections: int, bulk: bool = Fa
             break
         except OSError as exc:  # no relay serves it (a socket file of one that died refuses connections)
             if not is_served(config.store.path):
-                return WritePath(await open_store(config, read_connections, bulk=bulk))
+                store = await open_store(config, read_connections, bulk=bulk)
+                return WritePath(store, deferred=bulk and await store.run_job(defer_indexes))
             if waited >= CHANNEL_WAIT_SECONDS:  # a relay holds the lock: starting, or its socket was removed
                 raise DatabaseUnusable(config.store.path, f"a relay serves it, but its writer's channel {socket} "
                                        f"cannot be reached ({exc.strerror or exc}) after {waited:.0f} s; if it is "

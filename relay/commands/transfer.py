@@ -35,7 +35,6 @@ from relay.protocol.envelopes import loads
 from relay.protocol.event import Event, event_ref
 from relay.protocol.filters import parse_filter
 from relay.protocol.rejection import Rejection
-from relay.store.bulk import defer_indexes, restore_indexes
 from relay.store.store import Store
 
 CHUNK_LINES = 2_000
@@ -290,8 +289,6 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None, cr
             pool.close()
         raise
     ingest = await path.ingest(config)  # bans
-    # Into an empty store written here: its events' secondary indexes are built once, at the end (bulk.py).
-    deferred = path.channel is None and await path.store.run_job(defer_indexes)
     report = ImportReport()
     reader = LineReader(source.fileno(), config.limits.max_message_bytes, IDLE_FLUSH_SECONDS)
     try:
@@ -305,8 +302,6 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None, cr
     finally:
         if pool is not None:
             pool.close()
-        if deferred:
-            await path.store.run_job(restore_indexes)
         await ingest.aclose()
         await path.close()
         if source is not sys.stdin.buffer:

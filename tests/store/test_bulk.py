@@ -3,13 +3,15 @@ and built at its end; a load that died half-way leaves them to the next writer t
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 from relay.node import open_store
+from relay.protocol.filters import parse_filter
 from relay.store.bulk import DEFERRED, META_KEY, defer_indexes
 from tests.conftest import make_config
 from tests.helpers import REAL_EVENTS, store_events
-from tests.served import relay_cli
+from tests.served import relay_cli, relay_cli_async
 
 
 def _indexes(path) -> set[str]:
@@ -35,6 +37,22 @@ def test_an_import_into_a_new_store_ends_with_every_index(tmp_path):
     assert done.returncode == 0, done.stderr
     assert set(DEFERRED) <= _indexes(db) and not _saved(db)
     assert "events_by_pubkey" in _plan(db, "SELECT id FROM events WHERE pubkey = x'00' ORDER BY created_at DESC")
+    assert relay_cli("verify", "--db", db).returncode == 0
+
+
+async def test_a_sync_into_a_new_store_ends_with_every_index(tmp_path, relay):
+    """`relay sync URL --create --dir down` from a real relay holding the real kind-1 events: a bulk load too, so
+    the same end (every index, nothing in meta, `relay verify` clean), and every event the peer holds is here."""
+    events = [e for e in map(json.loads, REAL_EVENTS.read_bytes().splitlines()) if e["kind"] == 1]
+    await store_events(relay.store, events)
+    held = await relay.store.items(parse_filter({}))
+    db = tmp_path / "synced.db"
+    code, out, err = await relay_cli_async("sync", relay.url, "--create", "--dir", "down", "--db", db)
+    assert code == 0, err
+    assert f"fetched {len(held)}," in out, out
+    assert set(DEFERRED) <= _indexes(db) and not _saved(db)
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == len(held)
     assert relay_cli("verify", "--db", db).returncode == 0
 
 
