@@ -42,11 +42,12 @@ def _in(column: str, values, params: list, convert=None) -> str:
     return f"{column} IN ({','.join('?' * len(items))})"
 
 
-def _tag_exists(name: str, values, params: list) -> str:
+def _tag_exists(name: str, values, params: list, row: str = "e") -> str:
+    """The event of table alias `row` (events `e`, or the driving tags row `t`) has tag `name` with one of `values`."""
     params.append(name)
     # The whole primary key is bound, so this is one index probe per value.
     return ("EXISTS (SELECT 1 FROM tags t2 WHERE t2.name = ? AND " + _in("t2.value", values, params)
-            + " AND t2.created_at = e.created_at AND t2.seq = e.seq)")
+            + f" AND t2.created_at = {row}.created_at AND t2.seq = {row}.seq)")
 
 
 def _private(private: PrivateKinds, params: list) -> str:
@@ -59,7 +60,9 @@ def _private(private: PrivateKinds, params: list) -> str:
 
 
 def _conditions(f: Filter, now: int, params: list, time_column: str, skip_tag: str | None,
-                counting: bool = False, private: PrivateKinds | None = None) -> list[str]:
+                counting: bool = False, private: PrivateKinds | None = None, row: str = "e") -> list[str]:
+    """`f`'s conditions on the event of table alias `row` (see `_tag_exists`); ids, authors, kinds, private
+    kinds and (unless `counting`) expiry read the events table `e`."""
     where = []
     if f.ids is not None:
         where.append(_in("e.id", f.ids, params, bytes.fromhex))
@@ -75,13 +78,13 @@ def _conditions(f: Filter, now: int, params: list, time_column: str, skip_tag: s
         params.append(f.until)
     for name, values in f.tags:
         if name != skip_tag:
-            where.append(_tag_exists(name, values, params))
+            where.append(_tag_exists(name, values, params, row))
     if private is not None and private.touches(f):
         where.append(_private(private, params))
     if counting:
         # Expired rows not yet purged are few: exclude them through the partial
         # expiration index, so a count can stay inside covering indexes.
-        where.append("e.seq NOT IN (SELECT seq FROM events WHERE expiration IS NOT NULL AND expiration <= ?)")
+        where.append(f"{row}.seq NOT IN (SELECT seq FROM events WHERE expiration IS NOT NULL AND expiration <= ?)")
     else:
         where.append("(e.expiration IS NULL OR e.expiration > ?)")
     params.append(now)
@@ -137,8 +140,15 @@ def compile_count(f: Filter, now: int, private: PrivateKinds | None = None) -> C
     """
     params: list = []
     from_clause, time_column, tag = _from_clause(f, params)
-    where = " AND ".join(_conditions(f, now, params, time_column, tag, counting=True, private=private))
     distinct = "DISTINCT " if tag is not None and len(dict(f.tags)[tag]) > 1 else ""
+    if tag is not None and f.kinds is None and not (private is not None and private.touches(f)):
+        # Tags and times alone: the tags rows hold both (a row lives as long as its event), so the count
+        # reads the tag index's range and never the events' pages (cold, one random page per event).
+        params = [tag]
+        from_clause = "FROM tags t WHERE t.name = ? AND " + _in("t.value", dict(f.tags)[tag], params)
+        where = " AND ".join(_conditions(f, now, params, time_column, tag, counting=True, row="t"))
+        return Compiled(f"SELECT {distinct}t.seq {from_clause} AND {where}", tuple(params))
+    where = " AND ".join(_conditions(f, now, params, time_column, tag, counting=True, private=private))
     return Compiled(f"SELECT {distinct}e.seq {from_clause} WHERE {where}", tuple(params))
 
 
