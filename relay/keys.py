@@ -106,15 +106,17 @@ def load_or_create(path: Path) -> NodeKey:
         mode = path.stat().st_mode
     except (OSError, UnicodeDecodeError) as exc:
         raise NodeKeyError(f"{path}: cannot read the node key: {exc}") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        log.warning("node_key_readable_by_others", path=str(path), mode=oct(mode & 0o777))
     try:
         secret = bytes.fromhex(text)
         if len(secret) != 32:
             raise ValueError("not 32 bytes")
-        return NodeKey(secret)
+        key = NodeKey(secret)
     except ValueError:
         raise NodeKeyError(f"{path}: must hold one 64-hex secret key") from None
+    # Warned only for a real key: a file that is not one is refused above, whatever its mode.
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning("node_key_readable_by_others", path=str(path), mode=oct(mode & 0o777))
+    return key
 
 
 def encode_auth(event: dict) -> bytes:

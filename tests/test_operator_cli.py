@@ -181,10 +181,11 @@ def test_missing_paths_are_one_line_naming_them(tmp_path):
 
 
 def test_sync_and_rebuild_refuse_a_missing_database(tmp_path):
-    """A mistyped --db is refused (exit 2, one line naming it) by `relay sync` (unless --create) and `relay
-    projectors rebuild`, as by `relay import`: it became a new database that no relay reads."""
+    """A mistyped --db is refused (exit 2, one line naming it) by `relay sync` (unless --create), `relay
+    projectors rebuild` and `relay status` (which exited 1), as by `relay import`: it became a new database that
+    no relay reads."""
     missing = tmp_path / "typo.db"
-    for args in (("sync", "ws://127.0.0.1:9"), ("projectors", "rebuild", "follows")):
+    for args in (("sync", "ws://127.0.0.1:9"), ("projectors", "rebuild", "follows"), ("status",)):
         line = _one_line(relay_cli(*args, "--db", missing), 2)
         assert str(missing) in line and "no such database" in line, line
         assert not missing.exists()

@@ -11,8 +11,10 @@ import sqlite3
 import sys
 import time
 
+from relay.commands import SERVED_DATABASE_HINT
 from relay.config import Config
 from relay.status import duration, gather_status
+from relay.store.location import require_database
 
 
 def _when(seconds: float | None, now: float) -> str:
@@ -84,7 +86,12 @@ def render_status(status: dict, now: float | None = None, top_kinds: int = 15) -
 
 
 def run_status(config: Config, as_json: bool) -> int:
-    """`relay status [--json]`: print the status; exit 1 when there is no readable database."""
+    """`relay status [--json]`: print the status; exit 1 when the file is not a readable relay database.
+
+    Raises:
+        DatabaseUnusable: there is no database at `store.path` (exit 2, as every command that reads one).
+    """
+    require_database(config.store.path, SERVED_DATABASE_HINT)
     try:
         status = gather_status(config)
     except (FileNotFoundError, sqlite3.Error) as exc:

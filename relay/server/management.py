@@ -285,8 +285,8 @@ def _parse(body: bytes) -> tuple[str, list]:
     """(method, params) of a NIP-86 request body; raises MethodError."""
     try:
         request = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise MethodError("invalid: the body is not JSON") from None
+    except orjson.JSONDecodeError as exc:  # its reason and place: `1e400` is JSON, but no number a relay keeps
+        raise MethodError(f"invalid: the body is not JSON the relay can read: {exc}") from None
     if type(request) is not dict or type(request.get("method")) is not str:
         raise MethodError('invalid: the body must be {"method": "<name>", "params": [...]}')
     params = request.get("params", [])
