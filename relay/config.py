@@ -232,6 +232,7 @@ class StoreConfig:
     path: str = key(DEFAULT_DB_PATH, "the SQLite file (WAL mode; -wal and -shm files beside it)", restart=True)
     synchronous: str = _declared(StoreOptions, "synchronous")
     read_connections: int = _declared(StoreOptions, "read_connections")
+    read_mmap_bytes: int = _declared(StoreOptions, "read_mmap_bytes")
     writer_queue_size: int = _declared(StoreOptions, "writer_queue_size")
     max_batch: int = _declared(StoreOptions, "max_batch")
     max_batch_bytes: int = _declared(StoreOptions, "max_batch_bytes")

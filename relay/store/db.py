@@ -143,7 +143,7 @@ def migrate(conn: sqlite3.Connection) -> int:
 
 
 def _configure(conn: sqlite3.Connection, synchronous: str, readonly: bool, autocheckpoint_pages: int,
-               cache_kib: int | None) -> None:
+               cache_kib: int | None, mmap_bytes: int) -> None:
     conn.execute("PRAGMA busy_timeout = 5000")
     conn.execute("PRAGMA temp_store = MEMORY")
     # KiB of page cache: the writer's 64 MiB (by default) holds the hot index pages; readers
@@ -151,6 +151,11 @@ def _configure(conn: sqlite3.Connection, synchronous: str, readonly: bool, autoc
     conn.execute(f"PRAGMA cache_size = {-(cache_kib or (16384 if readonly else 65536)):d}")
     if readonly:
         conn.execute("PRAGMA query_only = 1")
+        # Pages read through the map fault in with the kernel's read-around (as LMDB's do): a random read of a
+        # cold store brings its neighbours, so the store becomes resident as it is read, and a page cache
+        # emptied by another connection's commit costs no copy (1M store, under 1,650 events/s: `ids` of 100
+        # 9.7 -> 1.7 ms p50).  pread reads only the page asked for.
+        conn.execute(f"PRAGMA mmap_size = {mmap_bytes:d}")
     else:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
@@ -158,11 +163,13 @@ def _configure(conn: sqlite3.Connection, synchronous: str, readonly: bool, autoc
 
 
 async def connect(path: Path, synchronous: str = "normal", readonly: bool = False,
-                  autocheckpoint_pages: int = 1000, cache_kib: int | None = None) -> aiosqlite.Connection:
+                  autocheckpoint_pages: int = 1000, cache_kib: int | None = None,
+                  mmap_bytes: int = 0) -> aiosqlite.Connection:
     """Open one aiosqlite connection in autocommit mode with our pragmas (WAL).
 
     `autocheckpoint_pages` is SQLite's `wal_autocheckpoint` for a writing connection; `cache_kib` its page
-    cache in KiB (None: 64 MiB for a writer, 16 MiB for a reader).
+    cache in KiB (None: 64 MiB for a writer, 16 MiB for a reader); `mmap_bytes` a reader's `mmap_size`
+    (SQLite caps it at its build's SQLITE_MAX_MMAP_SIZE).
 
     Read connections return TEXT as bytes, so stored event JSON goes to the
     socket without a decode/encode round trip.
@@ -174,7 +181,7 @@ async def connect(path: Path, synchronous: str = "normal", readonly: bool = Fals
     # from exiting (WAL rolls back whatever was not committed).
     conn._thread.daemon = True
     await conn
-    await run(conn, _configure, synchronous, readonly, autocheckpoint_pages, cache_kib)
+    await run(conn, _configure, synchronous, readonly, autocheckpoint_pages, cache_kib, mmap_bytes)
     if readonly:
         conn.text_factory = bytes
     return conn

@@ -69,6 +69,10 @@ class StoreOptions:
     change_log_max_entries: int = field(default=1_000_000, metadata={
         "doc": "removals kept in the change feed's log (oldest dropped first); an older cursor is refused",
         "unit": "entries", "min": 1})
+    read_mmap_bytes: int = field(default=2_147_483_648, metadata={
+        "doc": "bytes of the database each read connection maps (SQLite mmap_size, at most 2 GiB in SQLite's "
+               "default build): pages it misses come in with the kernel's read-around; 0: plain reads",
+        "unit": "bytes"})
     relay_urls: frozenset[tuple] = frozenset()  # this relay's URL keys (relay_url_key), for NIP-62 requests to vanish
     writer_cache_kib: int = 65_536  # the write connection's page cache (not a key; see `bulk`)
 
@@ -183,7 +187,7 @@ class Store:
         for hook in store.hooks:
             await db.run(store._writer_conn, hook.setup)
         for _ in range(options.read_connections):
-            store._readers.put_nowait(await db.connect(store.path, readonly=True))
+            store._readers.put_nowait(await db.connect(store.path, readonly=True, mmap_bytes=options.read_mmap_bytes))
         store._writer_task = asyncio.create_task(store._writer_loop(), name="store-writer")
         if options.checkpoint_interval_seconds > 0:
             store._checkpoint_conn = await db.connect(store.path, options.synchronous)
@@ -205,7 +209,7 @@ class Store:
         store = cls(Path(path), options, hooks)
         try:
             for _ in range(options.read_connections):
-                store._readers.put_nowait(await db.connect(store.path, readonly=True))
+                store._readers.put_nowait(await db.connect(store.path, readonly=True, mmap_bytes=options.read_mmap_bytes))
             for hook in store.hooks:
                 if hasattr(hook, "attach"):
                     await store._read(hook.attach)
