@@ -14,6 +14,7 @@ import pytest
 from relay.commands.status import run_status
 from relay.processes import PROCESSES_FILE, WorkerProcess, write_processes
 from relay.runtime import runtime_dir
+from relay.store.location import DatabaseUnusable
 from relay.store.projectors.spec import parse_specs
 from relay.sync.state import add_counts, record_error
 from tests.conftest import make_config
@@ -90,11 +91,12 @@ def test_status_text_shows_the_same(status_config, capsys):
     assert any(line.startswith("    last error ") and line.endswith(": peer went away") for line in lines)
 
 
-def test_status_without_a_database_exits_1(tmp_path, capsys):
-    """No file at store.path: exit 1 and a message, nothing on stdout."""
-    assert run_status(make_config(tmp_path / "none"), as_json=True) == 1
-    out, err = capsys.readouterr()
-    assert out == "" and "no database" in err
+def test_status_without_a_database_is_refused_naming_it(tmp_path, capsys):
+    """No file at store.path: DatabaseUnusable naming its path (the command line's exit 2), nothing printed."""
+    config = make_config(tmp_path / "none")
+    with pytest.raises(DatabaseUnusable, match="no such database"):
+        run_status(config, as_json=True)
+    assert capsys.readouterr() == ("", "")
 
 
 def test_status_into_a_closed_pipe_exits_1_without_a_traceback(status_config):
