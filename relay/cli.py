@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import os
 import sys
 
@@ -22,7 +23,7 @@ from relay import arguments as types
 from relay.commands import check_database_path
 from relay.config import Config, ConfigError, env_warnings, load_config
 from relay.logging import configure_logging
-from relay.store.location import DatabaseUnusable
+from relay.store.location import DatabaseUnusable, os_reason
 from relay.store.store import JobFailed, StoreFailed
 
 
@@ -207,21 +208,37 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; returns the exit code (1 also when stdout's reader went away)."""
+    """Run the command line; returns the exit code: 2 for a usage error (argparse exits), else the command's,
+    and 1 when the output cannot be written: quietly when stdout's reader went away (`relay export | head`),
+    with one line on stderr otherwise (a full disk, stdout closed: `>&-`)."""
+    args = _parser().parse_args(argv)
     try:
-        code = _main(argv)
+        if sys.stdout is None and args.command != "serve":  # started with stdout closed; serve writes none
+            raise OSError(errno.EBADF, "standard output is closed")
+        code = _main(args)
         if not sys.stdout.closed:  # `export` closes it when done
             sys.stdout.flush()
         return code
     except BrokenPipeError:
-        # `relay status --json | head`: stop quietly, as other tools do.  stdout is pointed at
-        # /dev/null so that Python's own flush at exit cannot fail a second time.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        # `relay status --json | head`: stop quietly, as other tools do.
+        _stdout_to_devnull()
+        return 1
+    except OSError as exc:
+        _stdout_to_devnull()
+        print(f"relay {args.command}: cannot write {exc.filename or 'the output'}: {os_reason(exc)}",
+              file=sys.stderr)
         return 1
 
 
-def _main(argv: list[str] | None) -> int:
-    args = _parser().parse_args(argv)
+def _stdout_to_devnull() -> None:
+    """Point file descriptor 1 at /dev/null, so that Python's own flush of what stdout still buffers, at
+    exit, cannot fail a second time (with a traceback); only when stdout is the process's own (not a caller's
+    redirection, as in tests)."""
+    if sys.stdout is None or sys.stdout is sys.__stdout__:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+
+
+def _main(args: argparse.Namespace) -> int:
     try:
         return _dispatch(args)
     except DatabaseUnusable as exc:  # one line naming the path, as for a bad configuration

@@ -64,7 +64,7 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
         _stderr = _start_writer()
     else:
         _stderr.setStream(sys.stderr)
-    as_json = fmt == "json" or (fmt == "auto" and not sys.stdout.isatty())
+    as_json = fmt == "json" or (fmt == "auto" and not (sys.stdout is not None and sys.stdout.isatty()))
     processors = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,

@@ -7,8 +7,10 @@ import sqlite3
 from pathlib import Path
 
 import orjson
+import pytest
 
 from relay.commands.backup import run_backup
+from relay.store.location import DatabaseUnusable
 from tests.conftest import make_config
 from tests.helpers import Client, Keys
 from tests.served import relay_cli_async
@@ -59,7 +61,8 @@ async def test_backup_while_serving_is_consistent_and_holds_what_was_acknowledge
 
 
 def test_backup_refuses_to_overwrite_an_existing_file(tmp_path, capsys):
-    """An existing PATH: exit 1, a message naming it, and the file untouched; a missing database: exit 1."""
+    """An existing PATH: exit 1, a message naming it, and the file untouched; a missing database, or a file that
+    is not a relay database: DatabaseUnusable (the command line's exit 2), nothing written."""
     config = make_config(tmp_path)  # run_backup, not cli.main: main would point the logs at capsys's files
     Path(config.store.path).write_bytes(b"")  # refused before the database is read
     target = tmp_path / "taken.db"
@@ -68,8 +71,13 @@ def test_backup_refuses_to_overwrite_an_existing_file(tmp_path, capsys):
     assert f"relay backup: {target} exists; refusing to overwrite it" in capsys.readouterr().err
     assert target.read_bytes() == b"precious"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["relay.db", "taken.db"]
-    assert run_backup(make_config(tmp_path / "none"), tmp_path / "out.db") == 1
-    assert "no database at" in capsys.readouterr().err
+    with pytest.raises(DatabaseUnusable, match="no such database"):
+        run_backup(make_config(tmp_path / "none"), tmp_path / "out.db")
+    with pytest.raises(DatabaseUnusable, match="not a relay database"):  # the empty file above
+        run_backup(config, tmp_path / "out.db")
+    (tmp_path / "text.db").write_text("not SQLite at all, just some text that fills the header " * 4)
+    with pytest.raises(DatabaseUnusable, match="not a database"):
+        run_backup(make_config(tmp_path, store={"path": str(tmp_path / "text.db")}), tmp_path / "out.db")
     assert not (tmp_path / "out.db").exists()
 
 

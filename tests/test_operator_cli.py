@@ -5,6 +5,7 @@ that do not exist, each answered in one line with the right exit code."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -178,6 +179,74 @@ def test_missing_paths_are_one_line_naming_them(tmp_path):
     config = relay_cli("status", "--config", missing / "relay.toml")
     assert _one_line(config, 2).endswith(f"{missing / 'relay.toml'}: no such file or directory\n"), config
     assert not missing.exists()
+
+
+def test_an_output_that_is_the_database_or_beside_it_is_refused(tmp_path):
+    """`relay export -o` and `relay import --rejects` naming the database, its -wal or -shm, its lock or key file
+    (by another name too: a symbolic link), offline and beside a serving relay: exit 2, one line naming the
+    option, and every event still there (export emptied the database, then the relay failed)."""
+    db = tmp_path / "relay.db"
+    lines = b"".join(json.dumps(Keys(0x51).sign(content=f"n{i}")).encode() + b"\n" for i in range(5))
+    assert relay_cli("import", "-", "--create", "--db", db, stdin=lines).returncode == 0
+    (tmp_path / "link.db").symlink_to(db)
+
+    def refused_everywhere() -> None:
+        for target in (db, tmp_path / "link.db", tmp_path / "relay.db-wal", tmp_path / "relay.db-shm",
+                       tmp_path / "relay.db.lock", tmp_path / "relay.db.key"):
+            for args, option in ((("export", "-o", target), "--output"),
+                                 (("import", "-", "--rejects", target), "--rejects")):
+                line = _one_line(relay_cli(*args, "--db", db, stdin=b"not json\n"), 2)
+                assert f"{option} {target} is " in line and "would destroy the store" in line, line
+        assert relay_cli("export", "--db", db).stdout.count("\n") == 5
+
+    refused_everywhere()
+    with Served(tmp_path, "--db", db, "--port", 0, "--workers", 0) as served:
+        served.started_url()
+        refused_everywhere()
+        assert served.stop() == 0, served.stderr
+    assert relay_cli("verify", "--db", db).returncode == 0
+
+
+def test_output_that_cannot_be_written_is_one_line_exit_1(tmp_path):
+    """stdout on a full disk (/dev/full), closed (`>&-`), or a reader that goes away after one line (`| head -1`,
+    with more output than a pipe holds): exit 1, no traceback; one line naming the command unless the reader left
+    (quiet, as other tools)."""
+    db = tmp_path / "r.db"
+    lines = b"".join(json.dumps(Keys(0x52).sign(content="x" * 2000, created_at=1_700_000_000 + i)).encode() + b"\n"
+                     for i in range(200))
+    assert relay_cli("import", "-", "--create", "--db", db, stdin=lines).returncode == 0
+
+    def run(args, **how) -> tuple[int, str]:
+        proc = subprocess.run([sys.executable, "-m", "relay", *map(str, args), "--db", str(db)], env=clean_env(),
+                              stderr=subprocess.PIPE, timeout=CLI_TIMEOUT, **how)
+        return proc.returncode, proc.stderr.decode()
+
+    with open("/dev/full", "w") as full:
+        for args in (["export"], ["status"], ["bans", "--json"], ["verify"], ["changes", "--since", "0"]):
+            code, err = run(args, stdout=full)
+            assert code == 1 and "Traceback" not in err, (args, err)
+            assert err.strip().splitlines()[-1] == f"relay {args[0]}: cannot write the output: no space left on device"
+    code, err = run(["export"], stdout=subprocess.DEVNULL, preexec_fn=lambda: os.close(1))
+    assert (code, err) == (1, "relay export: cannot write the output: standard output is closed\n")
+    export = subprocess.Popen([sys.executable, "-m", "relay", "export", "--db", str(db)], env=clean_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    export.stdout.readline()
+    export.stdout.close()
+    assert export.wait(CLI_TIMEOUT) == 1
+    assert export.stderr.read() == b""
+
+
+def test_a_file_that_is_not_a_relay_database_is_exit_2_naming_the_command(tmp_path):
+    """Text, or an empty file (an import interrupted at its first instant): every reading command exits 2 with
+    one line naming itself (status and backup exited 1; verify, changes, record get said `relay:`)."""
+    for content in (b"not SQLite, just text " * 10, b""):
+        db = tmp_path / "not.db"
+        db.write_bytes(content)
+        for args in (["status"], ["backup", tmp_path / "copy.db"], ["verify"], ["projectors", "list"],
+                     ["changes", "--since", "0"], ["record", "get", "profiles", "--pk", '{"pubkey": "' + "a" * 64 + '"}']):
+            line = _one_line(relay_cli(*args, "--db", db), 2)
+            assert line.startswith(f"relay {' '.join(map(str, args[:2])) if args[0] == 'record' else args[0]}: "), line
+        assert db.read_bytes() == content and not (tmp_path / "copy.db").exists()
 
 
 def test_sync_and_rebuild_refuse_a_missing_database(tmp_path):

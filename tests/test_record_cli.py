@@ -78,11 +78,11 @@ async def test_a_key_file_that_does_not_exist_exits_3_and_creates_nothing(tmp_pa
     assert not missing.parent.exists()
 
 
-async def test_get_on_a_missing_database_exits_1_and_creates_none(tmp_path):
-    """A read command on a database that is not there exits 1 "no database", like `relay changes`."""
+async def test_get_on_a_missing_database_exits_2_and_creates_none(tmp_path):
+    """A read command on a database that is not there exits 2 "no database", like every reading command."""
     db = tmp_path / "missing.db"
     code, _, err = await _cli(db, "get", "profiles", "--pk", json.dumps({"pubkey": "ab" * 32}))
-    assert code == 1 and "no database" in err
+    assert code == 2 and "no database" in err
     assert not db.exists()
 
 

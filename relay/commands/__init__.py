@@ -6,17 +6,21 @@ prints what the person who ran it reads: `transfer` (import, export),
 query).  `relay serve` is the node's own `run` (relay/node.py).
 
 The helpers here are the answers every command gives alike: a path that cannot be
-opened (`path_error`), a database that must exist or whose folder must (`check_database_path`).
+opened (`path_error`), a database that must exist or whose folder must (`check_database_path`),
+an output that would overwrite the database or a file beside it (`refuse_store_file`), a read-only
+connection to a relay database that says in one line why there is none (`open_readonly`).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import sqlite3
 import sys
 from pathlib import Path
 
 from relay.config import DEFAULT_DB_PATH, Config
+from relay.store import db
 from relay.store.location import os_reason, require_database, require_directory
 
 EXIT_USAGE = 2  # a path or argument the person who ran the command must fix
@@ -47,3 +51,44 @@ def check_database_path(config: Config, create: bool) -> None:
         require_database(config.store.path, SERVED_DATABASE_HINT + ", or --create to start a new one there")
     elif config.store.path != DEFAULT_DB_PATH:
         require_directory(config.store.path, "create it first, or check --db")
+
+
+# What lives beside a database `relay.db` (SQLite's WAL and shared memory, the instance lock, the node key):
+# writing any of them as a command's output destroys the store or the node's identity.
+STORE_FILE_SUFFIXES = ("", "-wal", "-shm", "-journal", ".lock", ".key")
+
+
+def refuse_store_file(config: Config, path: Path, option: str) -> None:
+    """Refuse `path` as an output (`option`, e.g. "--output") when it is the database of `config` or a file
+    beside it (`STORE_FILE_SUFFIXES`), by any name: opening it for writing would empty it first.
+
+    Raises:
+        OSError: naming `option`, the path and the database (`path_error` prints it as one line).
+    """
+    database = Path(config.store.path).resolve()
+    target = path.resolve()
+    for suffix in STORE_FILE_SUFFIXES:
+        store_file = database.with_name(database.name + suffix)
+        if target == store_file or (target.exists() and store_file.exists() and os.path.samefile(target, store_file)):
+            raise OSError(f"{option} {path} is {'the database' if not suffix else f'its {suffix} file'} "
+                          f"({database}): writing it would destroy the store")
+
+
+def open_readonly(path: str, command: str) -> sqlite3.Connection | None:
+    """A read-only autocommit connection to the database at `path` (a running relay is not disturbed); None, with
+    a line on stderr naming `command` ("verify", "record get"...), when there is no such file or it holds no
+    relay's schema (an empty file an interrupted first import left, another program's database)."""
+    file = Path(path)
+    if not file.exists():
+        print(f"relay {command}: no database at {file}", file=sys.stderr)
+        return None
+    try:
+        conn = db.connect_readonly(file)
+        if conn.execute("PRAGMA user_version").fetchone()[0] > 0:
+            return conn
+        conn.close()
+        print(f"relay {command}: {file}: not a relay database (no schema: empty, or another program's)",
+              file=sys.stderr)
+    except sqlite3.Error as exc:
+        print(f"relay {command}: {file}: {exc}", file=sys.stderr)
+    return None

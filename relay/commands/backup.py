@@ -19,8 +19,9 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-from relay.commands import no_such_file, path_error
+from relay.commands import SERVED_DATABASE_HINT, no_such_file, path_error
 from relay.config import Config
+from relay.store.location import DatabaseUnusable, require_database
 
 
 @dataclass(frozen=True)
@@ -37,13 +38,13 @@ def backup(source: Path, target: Path) -> BackupReport:
     """Copy the relay database at `source` to `target` (which must not exist) with `VACUUM INTO`.
 
     Raises:
+        DatabaseUnusable: there is no database at `source`, or it is not a relay's (exit 2, as for every command).
         FileExistsError: `target` exists (it is left as it is).
-        FileNotFoundError: there is no database at `source`, or no directory to hold `target` (naming `target`).
+        FileNotFoundError: there is no directory to hold `target` (naming `target`).
         sqlite3.Error: the copy failed (nothing is left at `target`).
     """
     started = time.monotonic()
-    if not source.exists():
-        raise FileNotFoundError(f"no database at {source}")
+    require_database(source, SERVED_DATABASE_HINT)
     if target.exists():
         raise FileExistsError(f"{target} exists; refusing to overwrite it")
     if not target.parent.is_dir():  # else the error would name the temporary file, not PATH
@@ -52,6 +53,13 @@ def backup(source: Path, target: Path) -> BackupReport:
     try:
         with closing(sqlite3.connect(source.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None)) as conn:
             conn.execute("PRAGMA busy_timeout = 5000")
+            try:
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+            except sqlite3.DatabaseError as exc:  # not an SQLite file
+                raise DatabaseUnusable(source.absolute(), str(exc)) from None
+            if version == 0:
+                raise DatabaseUnusable(source.absolute(), "not a relay database (no schema: empty, or another "
+                                                          "program's)")
             conn.execute("VACUUM INTO ?", (str(partial),))
         # immutable: the copy is ours alone, so no locks, no -wal or -shm files beside it
         with closing(sqlite3.connect(partial.resolve().as_uri() + "?immutable=1", uri=True)) as copy:
@@ -69,13 +77,14 @@ def backup(source: Path, target: Path) -> BackupReport:
 
 def run_backup(config: Config, target: Path) -> int:
     """`relay backup PATH`: print what was written; exit 1 (message on stderr) if PATH exists or the copy fails,
-    2 if PATH's folder does not exist."""
+    2 if PATH's folder does not exist.
+
+    Raises:
+        DatabaseUnusable: no relay database at `store.path` (the command line's exit 2).
+    """
     try:
         report = backup(Path(config.store.path), target)
     except FileNotFoundError as exc:
-        if exc.filename is None:  # no database
-            print(f"relay backup: {exc}", file=sys.stderr)
-            return 1
         return path_error("backup", exc)
     except (OSError, sqlite3.Error) as exc:
         print(f"relay backup: {exc}", file=sys.stderr)

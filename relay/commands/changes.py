@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from relay.commands.projectors import open_readonly
+from relay.commands import open_readonly
 from relay.config import Config
 from relay.store import feed
 from relay.store.projectors import rowfeed
@@ -85,15 +85,15 @@ def run_changes(config: Config, since: int | str | None, follow: bool, kinds: fr
     (`{"cursor", "op": "insert"|"replace"|"remove", "table", "key", "row"?}`, relay/store/projectors/rowfeed.py)
     instead of events.
 
-    Exit 0 when done, 1 when there is no readable relay database, 2 when `since` is past the newest position
-    or `table`'s row changes are not logged (`[store] row_change_tables`; or no such table), 3 (`cursor N is older than the oldest kept, M` on stderr) when
+    Exit 0 when done, 2 when there is no relay database at the path (missing, or another file) or `since` is
+    past the newest position or `table`'s row changes are not logged (`[store] row_change_tables`; or no such table), 3 (`cursor N is older than the oldest kept, M` on stderr) when
     changes after `since` are no longer kept (for a table: also when it was built again from empty since, and,
     with no `since`, when the start of its log was dropped: the message gives the position to follow from after
     reading the rows with `relay query`).
     """
-    conn = open_readonly(config.store.path)
+    conn = open_readonly(config.store.path, "changes")
     if conn is None:
-        return 1
+        return 2
     out = sys.stdout.buffer
     source: _Feed = _Events(kinds) if table is None else _Rows(table)
     if table is not None and since == 0:  # a reader with nothing: the log's start rebuilds the table

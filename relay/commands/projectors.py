@@ -14,11 +14,10 @@ import time
 from collections.abc import Iterable, Sequence
 from contextlib import closing
 from dataclasses import dataclass
-from pathlib import Path
 
 import orjson
 
-from relay.commands import SERVED_DATABASE_HINT
+from relay.commands import SERVED_DATABASE_HINT, open_readonly
 from relay.commands.search import check_search, print_search_check
 from relay.config import Config
 from relay.hooks import negentropy_hook
@@ -35,25 +34,6 @@ SHOWN_PER_KIND = 10  # keys listed per table and per kind of problem
 BUILDING_EXIT = 3  # `relay verify` and `relay query`: a projector is being built (relay/store/projectors/build.py)
 
 
-def open_readonly(path: str) -> sqlite3.Connection | None:
-    """A read-only autocommit connection to the database at `path` (a running relay is not disturbed); None, with
-    a line on stderr, when there is no such file or it holds no relay's schema (an empty file an interrupted
-    first import left, another program's database)."""
-    file = Path(path)
-    if not file.exists():
-        print(f"relay: no database at {file}", file=sys.stderr)
-        return None
-    try:
-        conn = db.connect_readonly(file)
-        if conn.execute("PRAGMA user_version").fetchone()[0] > 0:
-            return conn
-        conn.close()
-        print(f"relay: {file}: not a relay database (no schema: empty, or another program's)", file=sys.stderr)
-    except sqlite3.Error as exc:
-        print(f"relay: {file}: {exc}", file=sys.stderr)
-    return None
-
-
 def run_verify(config: Config) -> int:
     """`relay verify`: recompute every projected table, the negentropy index and the search index from the events
     and compare.
@@ -65,7 +45,7 @@ def run_verify(config: Config) -> int:
     when anything does not, 2 when there is no database, and
     BUILDING_EXIT (3) when everything checked agrees but a projector is still being built.
     """
-    conn = open_readonly(config.store.path)
+    conn = open_readonly(config.store.path, "verify")
     if conn is None:
         return 2
     with closing(conn):
@@ -135,7 +115,7 @@ def _log_full(counts: dict[str, int], config: Config) -> bool:
 
 def run_projectors_list(config: Config) -> int:
     """`relay projectors list`: each configured or remembered projector, its kind, revision, state, rows, refusals."""
-    conn = open_readonly(config.store.path)
+    conn = open_readonly(config.store.path, "projectors")
     if conn is None:
         return 2
     with closing(conn):
@@ -178,7 +158,7 @@ def run_projectors_rebuild(config: Config, name: str) -> int:
 def run_projectors_refusals(config: Config, projector: str | None, limit: int, as_json: bool) -> int:
     """`relay projectors refusals`: the newest refusals first (time, projector, event id, reason); "none" when
     there are none (nothing with --json)."""
-    conn = open_readonly(config.store.path)
+    conn = open_readonly(config.store.path, "projectors")
     if conn is None:
         return 2
     with closing(conn):
@@ -219,7 +199,7 @@ def run_query(config: Config, table: str, where: str | None, output: str, limit:
     Returns 2 for a table that is not projected, a bad expression or a bad parameter (named), BUILDING_EXIT (3)
     while its projector is being built.
     """
-    conn = open_readonly(config.store.path)
+    conn = open_readonly(config.store.path, "query")
     if conn is None:
         return 2
     with closing(conn):

@@ -12,7 +12,7 @@ from contextlib import closing
 
 import orjson
 
-from relay.commands.projectors import open_readonly
+from relay.commands import open_readonly
 from relay.config import Config
 from relay.store.db import read_transaction
 from relay.store.projectors.spec import ProjectorSpec
@@ -24,8 +24,8 @@ NOT_AVAILABLE = 3
 def run_get(config: Config, table: str, pk: object) -> int:
     """Print the row of `table` whose key is `pk` (an object of key columns) as one JSON object.
 
-    Exit 0; 1 no database there (or not a relay's); 2 an unknown table or a bad key (named); 3 no such row, or
-    the table is being built.
+    Exit 0; 2 no relay database there (missing, or another file), an unknown table or a bad key (named); 3 no
+    such row, or the table is being built.
     """
     view = views(config.projectors).get(table)
     if view is None:
@@ -35,9 +35,9 @@ def run_get(config: Config, table: str, pk: object) -> int:
     if not isinstance(pk, dict):
         print("relay record: pk: expected a JSON object of the key's columns", file=sys.stderr)
         return 2
-    conn = open_readonly(config.store.path)
+    conn = open_readonly(config.store.path, "record get")
     if conn is None:
-        return 1
+        return 2
     projector = next(s.name for s in config.projectors if isinstance(s, ProjectorSpec) and s.table == table)
     with closing(conn):
         try:

@@ -11,7 +11,7 @@ import sqlite3
 import sys
 import time
 
-from relay.commands import SERVED_DATABASE_HINT
+from relay.commands import SERVED_DATABASE_HINT, open_readonly
 from relay.config import Config
 from relay.status import duration, gather_status
 from relay.store.location import require_database
@@ -86,12 +86,17 @@ def render_status(status: dict, now: float | None = None, top_kinds: int = 15) -
 
 
 def run_status(config: Config, as_json: bool) -> int:
-    """`relay status [--json]`: print the status; exit 1 when the file is not a readable relay database.
+    """`relay status [--json]`: print the status; exit 2 (one line) when the file is not a relay database, 1 when
+    it cannot be read now.
 
     Raises:
         DatabaseUnusable: there is no database at `store.path` (exit 2, as every command that reads one).
     """
     require_database(config.store.path, SERVED_DATABASE_HINT)
+    conn = open_readonly(config.store.path, "status")  # a file that is not a relay database: exit 2, as elsewhere
+    if conn is None:
+        return 2
+    conn.close()
     try:
         status = gather_status(config)
     except (FileNotFoundError, sqlite3.Error) as exc:

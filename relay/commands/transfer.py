@@ -23,7 +23,7 @@ import orjson
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-from relay.commands import check_database_path, path_error
+from relay.commands import check_database_path, path_error, refuse_store_file
 from relay.commands.interrupt import EXIT_INTERRUPTED, interruptible
 from relay.commands.linereader import PAUSED, LineReader
 from relay.commands.through import open_write_path
@@ -262,7 +262,7 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None, cr
     Exit 0; 1 when lines were read and every one was rejected (with a hint
     when the input is not JSONL); 2 (one line on stderr) if the database does
     not exist and `create` is not given (`check_database_path`), or FILE or OUT
-    cannot be opened or OUT is FILE; 130 when interrupted (SIGINT), after the
+    cannot be opened or OUT is FILE, the database or a file beside it (`refuse_store_file`); 130 when interrupted (SIGINT), after the
     summary of the lines done, including those read before a stalled pipe.
     """
     console = Console(stderr=True)
@@ -277,6 +277,8 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None, cr
                 and os.path.samestat(info, rejects.stat()):
             raise OSError(f"--rejects {rejects} is the input: writing it would empty it first, or (a pipe) "
                           "never let it end")
+        if rejects is not None:
+            refuse_store_file(config, rejects, "--rejects")
         out = rejects.open("wb") if rejects is not None else None
     except OSError as exc:
         return path_error("import", exc)
@@ -326,8 +328,9 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None, cr
 
 
 async def run_export(config: Config, filter_json: str, output: Path | None) -> int:
-    """`relay export [--filter JSON]`: every matching live event as one JSON line, newest first (a NIP-50
-    `search`: best scored first)."""
+    """`relay export [--filter JSON] [--output OUT]`: every matching live event as one JSON line, newest first (a
+    NIP-50 `search`: best scored first).  Exit 0; 2 (one line on stderr) for a bad filter, a missing database, or
+    an OUT that cannot be opened or is the database or a file beside it (`refuse_store_file`)."""
     try:
         f = parse_filter(loads(filter_json))
         if f.search is not None and not config.search.enabled:
@@ -339,6 +342,8 @@ async def run_export(config: Config, filter_json: str, output: Path | None) -> i
         print(f"relay export: no database at {config.store.path}", file=sys.stderr)
         return 2
     try:
+        if output:
+            refuse_store_file(config, output, "--output")
         out = output.open("wb") if output else sys.stdout.buffer
     except OSError as exc:
         return path_error("export", exc)

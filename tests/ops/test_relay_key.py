@@ -101,17 +101,18 @@ def test_a_legacy_sync_key_goes_to_the_first_database_that_needs_it(tmp_path):
     assert node_pubkey(tmp_path / "b.db.key") != before == node_pubkey(tmp_path / "a.db.key")
 
 
-def test_key_file_without_a_valid_key_exits_1_naming_it(tmp_path, key_command, capsys):
+def test_key_file_without_a_valid_key_exits_1_naming_it(tmp_path):
     """A key file that does not hold 64 hex characters is left alone: exit 1, its path on stderr, nothing on stdout,
     and no warning that it is readable by others (it is no key); a real key of mode 0644 gets that warning."""
     path = tmp_path / "broken.key"
     path.write_text("not a key\n")
     path.chmod(0o644)
-    code, out, err = key_command("--file", path)
-    assert code == 1 and not is_hex64(out) and "node_key_readable_by_others" not in out and str(path) in err
+    broken = relay_cli("key", "--file", path)
+    assert broken.returncode == 1 and broken.stdout == "" and str(path) in broken.stderr
+    assert "node_key_readable_by_others" not in broken.stderr
     assert path.read_text() == "not a key\n"
     real = tmp_path / "real.key"
-    assert key_command("--file", real)[0] == 0
+    assert relay_cli("key", "--file", real).returncode == 0
     real.chmod(0o644)
-    code = relay.cli.main(["key", "--file", str(real)])
-    assert code == 0 and "node_key_readable_by_others" in capsys.readouterr().out
+    readable = relay_cli("key", "--file", real)
+    assert readable.returncode == 0 and "node_key_readable_by_others" in readable.stderr
