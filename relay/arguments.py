@@ -322,12 +322,12 @@ def host(value: str) -> str:
 
 def pubkey(value: str) -> str:
     """A pubkey: 64 lowercase hex, or NIP-19 `npub1...` (given back as hex)."""
-    return _key(value, "npub", "pubkey")
+    return _key(value, "npub", "a pubkey")
 
 
 def event_id(value: str) -> str:
     """An event id: 64 lowercase hex, or NIP-19 `note1...` (given back as hex)."""
-    return _key(value, "note", "event id")
+    return _key(value, "note", "an event id")
 
 
 def _key(value: str, hrp: str, what: str) -> str:
@@ -340,7 +340,7 @@ def _key(value: str, hrp: str, what: str) -> str:
             return key_hex(value, hrp)
         except ValueError as exc:
             raise _fail(f"not a valid {hrp}: {exc}") from None
-    raise _fail(f"a {what} is 64 lowercase hex characters or {hrp}1..., got {_shown(value)}")
+    raise _fail(f"{what} is 64 lowercase hex characters or {hrp}1..., got {_shown(value)}")
 
 
 def ip_network(value: str) -> str:

@@ -23,6 +23,7 @@ from relay import arguments as types
 from relay.commands import check_database_path
 from relay.config import Config, ConfigError, env_warnings, load_config
 from relay.logging import configure_logging
+from relay.protocol.information import software_version
 from relay.store.location import DatabaseUnusable, os_reason
 from relay.store.store import JobFailed, StoreFailed
 
@@ -53,6 +54,7 @@ class _OneLineParser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     common = _common(defaults=True)
     parser = _OneLineParser(prog="relay", description="A Nostr relay on SQLite.")
+    parser.add_argument("--version", action="version", version=f"relay {software_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", parents=[common], help="run the relay")
     serve.add_argument("--host", type=types.host, help="address to listen on (default 127.0.0.1)")

@@ -238,15 +238,18 @@ def test_output_that_cannot_be_written_is_one_line_exit_1(tmp_path):
 
 def test_a_file_that_is_not_a_relay_database_is_exit_2_naming_the_command(tmp_path):
     """Text, or an empty file (an import interrupted at its first instant): every reading command exits 2 with
-    one line naming itself (status and backup exited 1; verify, changes, record get said `relay:`)."""
+    one line naming itself (status and backup exited 1; verify, changes, record get said `relay:`), and nothing
+    is written; `relay sync` too for text (it created a node key beside it first; an empty file it fills)."""
     for content in (b"not SQLite, just text " * 10, b""):
         db = tmp_path / "not.db"
         db.write_bytes(content)
         for args in (["status"], ["backup", tmp_path / "copy.db"], ["verify"], ["projectors", "list"],
-                     ["changes", "--since", "0"], ["record", "get", "profiles", "--pk", '{"pubkey": "' + "a" * 64 + '"}']):
+                     ["changes", "--since", "0"], ["record", "get", "profiles", "--pk", '{"pubkey": "' + "a" * 64 + '"}'],
+                     *([["sync", "ws://127.0.0.1:9"]] if content else [])):
             line = _one_line(relay_cli(*args, "--db", db), 2)
             assert line.startswith(f"relay {' '.join(map(str, args[:2])) if args[0] == 'record' else args[0]}: "), line
         assert db.read_bytes() == content and not (tmp_path / "copy.db").exists()
+        assert not (tmp_path / "not.db.key").exists()
 
 
 def test_sync_and_rebuild_refuse_a_missing_database(tmp_path):
@@ -260,3 +263,11 @@ def test_sync_and_rebuild_refuse_a_missing_database(tmp_path):
         assert not missing.exists()
     assert relay_cli("sync", "ws://127.0.0.1:9", "--create", "--db", missing).returncode == 1  # cannot connect
     assert missing.exists()
+
+
+def test_version_prints_the_installed_package_s(tmp_path):
+    """`relay --version`: `relay <version>` (pyproject.toml's, as NIP-11's `version`), exit 0."""
+    from importlib.metadata import version
+
+    result = relay_cli("--version")
+    assert (result.returncode, result.stdout) == (0, f"relay {version('relay')}\n"), result

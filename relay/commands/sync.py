@@ -55,9 +55,13 @@ async def sync_once(config: Config, url: str, filter_obj: dict, options: SyncOpt
         LeaseBusy: another process is syncing this peer on the same database.
         NodeKeyError: the node key file cannot be created or read.
     """
-    key = node_key(config)
     # Through the running relay if one serves it; else a bulk load (a first sync fetches a whole backlog).
     path = await open_write_path(config, read_connections=2, bulk=True)
+    try:
+        key = node_key(config)  # after the database is known good: a refused one gets no key file beside it
+    except BaseException:
+        await path.close()
+        raise
     store = path.store
     states = await PeerStates.open(config.store.path)
     ingest = await path.ingest(config)  # bans

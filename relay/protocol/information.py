@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
+
 SOFTWARE = "relay"
 """NIP-11 `software` of this project's relays."""
+
+
+def software_version() -> str:
+    """NIP-11 `version`: the installed package's (pyproject.toml), "0" when it runs uninstalled."""
+    try:
+        return version(SOFTWARE)
+    except PackageNotFoundError:
+        return "0"
 
 
 def keeps_deletion_marks(document: object) -> bool:

@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from importlib.metadata import PackageNotFoundError, version
 
 import orjson
 
 from relay.config import Config
-from relay.protocol.information import SOFTWARE
+from relay.protocol.information import SOFTWARE, software_version
 from relay.protocol.rules import KindRules
 
 SUPPORTED_NIPS = [1, 9, 11, 40, 42, 45, 62, 70]
-
-
-def _version() -> str:
-    try:
-        return version("relay")
-    except PackageNotFoundError:
-        return "0"
 
 
 MIN_POW_POLICY = "relay.policies.builtin:min_pow"
@@ -55,7 +47,7 @@ def document(config: Config, overrides: Mapping[str, str] | None = None, kinds: 
         "description": overrides.get("description", info.description),
         "supported_nips": sorted(SUPPORTED_NIPS + extra),
         "software": SOFTWARE,
-        "version": _version(),
+        "version": software_version(),
         "limitation": {
             "max_message_length": limits.max_message_bytes,
             "max_subscriptions": limits.max_subscriptions,
