@@ -299,6 +299,29 @@ async def test_every_request_with_or_without_a_body_gets_an_answer(relay, reques
     assert body == b"" if request_bytes.startswith(b"HEAD") else body.endswith(b"\n")
 
 
+_UPGRADE_HEAD = b"GET / HTTP/1.1\r\nHost: relay\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+
+
+@pytest.mark.parametrize("fields, status_line, reason", [
+    (b"Sec-WebSocket-Version: 13\r\n", b"HTTP/1.1 400 Bad Request\r\n", b"missing Sec-WebSocket-Key header"),
+    (b"Sec-WebSocket-Key: bad\r\nSec-WebSocket-Version: 13\r\n", b"HTTP/1.1 400 Bad Request\r\n",
+     b"invalid Sec-WebSocket-Key header: bad"),
+    (b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 8\r\n",
+     b"HTTP/1.1 426 Upgrade Required\r\n", b"invalid Sec-WebSocket-Version header: 8"),
+], ids=["no-key", "bad-key", "version-8"])
+async def test_a_refused_handshake_is_answered_as_the_routes_answer(relay, fields, status_line, reason):
+    """A WebSocket upgrade websockets refuses: its reason behind `invalid: `, the CORS headers of every answer;
+    an unsupported version is 426 (`upgrade required: `) naming version 13 (RFC 6455 section 4.4; it was a bare
+    400 without CORS)."""
+    answer = await _raw(relay.port, _UPGRADE_HEAD + fields + b"\r\n")
+    assert answer.startswith(status_line), answer
+    head, _, body = answer.partition(b"\r\n\r\n")
+    prefix = b"upgrade required: " if b" 426 " in status_line else b"invalid: "
+    assert body.startswith(prefix + reason) and body.endswith(b"\n"), body
+    assert b"\r\nAccess-Control-Allow-Origin: *\r\n" in head
+    assert (b"\r\nSec-WebSocket-Version: 13\r\n" in head) == (b" 426 " in status_line)
+
+
 def _http(port: int, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
     """(status, headers, body) of one request through http.client, which reads no body after a HEAD."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)

@@ -20,7 +20,8 @@ from typing import Any
 
 import structlog
 from websockets.asyncio.server import ServerConnection
-from websockets.http11 import SERVER
+from websockets.exceptions import InvalidHeaderValue
+from websockets.http11 import SERVER, Response
 from websockets.protocol import State
 
 from relay.server.wire.http import HANDOFF, Answer, Decision, HttpResponse, RequestReader, Routes
@@ -28,6 +29,7 @@ from relay.server.wire.http import HANDOFF, Answer, Decision, HttpResponse, Requ
 log = structlog.get_logger(__name__)
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"  # RFC 9110 section 15.2.1
+_WEBSOCKETS_REFUSAL = "Failed to open a WebSocket connection: "  # how websockets begins a refusal's body
 
 
 class RoutedServerConnection(ServerConnection):
@@ -88,7 +90,7 @@ class RoutedServerConnection(ServerConnection):
             return  # the connection ended before its request did
         decision = self._decided.result()
         if decision is HANDOFF:
-            await super().handshake(process_request, process_response, server_header)
+            await super().handshake(process_request, process_response or self._refusal, server_header)
             return
         answer = await self._answer(decision) if type(decision) is Answer else decision  # or a refusal
         self.response = self._routes.response(answer, head=self._head)
@@ -103,6 +105,25 @@ class RoutedServerConnection(ServerConnection):
         with contextlib.suppress(TimeoutError):  # then websockets' handler resets it
             async with asyncio.timeout(self.close_timeout):
                 await asyncio.shield(self.connection_lost_waiter)
+
+    def _refusal(self, connection: ServerConnection, request: Any, response: Response) -> Response | None:
+        """websockets' `process_response` hook: a handshake websockets refuses is answered as the routes answer
+        (its reason behind `invalid: `, the CORS headers); an unsupported `Sec-WebSocket-Version` is 426
+        (`upgrade required: `) naming the one supported (RFC 6455 section 4.4), not 400.  None (keep it) for an
+        accepted handshake."""
+        if response.status_code == HTTPStatus.SWITCHING_PROTOCOLS:
+            return None
+        reason = response.body.decode("utf-8", "replace").removeprefix(_WEBSOCKETS_REFUSAL).strip()
+        exc = self.protocol.handshake_exc
+        if isinstance(exc, InvalidHeaderValue) and exc.name == "Sec-WebSocket-Version":
+            refusal = HttpResponse(HTTPStatus.UPGRADE_REQUIRED, f"upgrade required: {reason} (13 is)\n".encode(),
+                                   "text/plain", headers=(("Sec-WebSocket-Version", "13"),))
+        else:
+            refusal = HttpResponse(HTTPStatus(response.status_code), f"invalid: {reason}\n".encode(), "text/plain")
+        answer = self._routes.response(refusal)
+        if "Server" in response.headers:
+            answer.headers["Server"] = response.headers["Server"]
+        return answer
 
     async def _answer(self, decision: Answer) -> HttpResponse:
         try:
