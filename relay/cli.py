@@ -226,9 +226,11 @@ def main(argv: list[str] | None = None) -> int:
         _stdout_to_devnull()
         return 1
     except OSError as exc:
+        if args.command == "serve":  # the daemon says what failed in its log (node.py); stdout is none of it
+            raise
         _stdout_to_devnull()
-        print(f"relay {args.command}: cannot write {exc.filename or 'the output'}: {os_reason(exc)}",
-              file=sys.stderr)
+        where = f"{exc.filename}" if exc.filename else "cannot write the output"
+        print(f"relay {args.command}: {where}: {os_reason(exc)}", file=sys.stderr)
         return 1
 
 

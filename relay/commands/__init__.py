@@ -69,7 +69,8 @@ def refuse_store_file(config: Config, path: Path, option: str) -> None:
     target = path.resolve()
     for suffix in STORE_FILE_SUFFIXES:
         store_file = database.with_name(database.name + suffix)
-        if target == store_file or (target.exists() and store_file.exists() and os.path.samefile(target, store_file)):
+        same_file = target.exists() and store_file.exists() and os.path.samefile(target, store_file)  # hard links
+        if target == store_file or same_file:
             raise OSError(f"{option} {path} is {'the database' if not suffix else f'its {suffix} file'} "
                           f"({database}): writing it would destroy the store")
 
