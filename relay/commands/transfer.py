@@ -9,6 +9,7 @@ counts are those a client would have been told in its OK replies.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import stat
 import sys
@@ -349,9 +350,12 @@ async def run_export(config: Config, filter_json: str, output: Path | None) -> i
         return path_error("export", exc)
     store = await Store.open(config.store.path, config.store.options(read_connections=1))
     try:
+        # aclosing: a failed write (a full disk) ends the scan here, its read connection back in the pool for
+        # close(); left to asyncio.run's shutdown, its thread answered a closed loop (a traceback).
         with out:
-            async for raw in store.scan(f):
-                out.write(raw + b"\n")
+            async with contextlib.aclosing(store.scan(f)) as events:
+                async for raw in events:
+                    out.write(raw + b"\n")
     finally:
         await store.close()
     return 0
