@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":  # the daemon says what failed in its log (node.py); stdout is none of it
             raise
         _stdout_to_devnull()
-        where = f"{exc.filename}" if exc.filename else "cannot write the output"
+        where = exc.filename or "cannot write the output"
         print(f"relay {args.command}: {where}: {os_reason(exc)}", file=sys.stderr)
         return 1
 

@@ -32,6 +32,8 @@ import tempfile
 from pathlib import Path
 
 
+LOCK_SUFFIX = ".lock"  # a database's lock file: its file name and this, beside it
+
 class LockHeld(RuntimeError):
     """Another relay holds the lock; `holder` is what it wrote in the file ({} when it could not be read).
 
@@ -102,7 +104,7 @@ class DatabaseLock(InstanceLock):
 
     def __init__(self, db_path: str | Path) -> None:
         self.database = Path(db_path).resolve()
-        super().__init__(self.database.with_name(self.database.name + ".lock"), f"database {db_path}",
+        super().__init__(self.database.with_name(self.database.name + LOCK_SUFFIX), f"database {db_path}",
                          "stop it first, or serve another database (--db)")
         self._db_fd: int | None = None
         self._created = False
@@ -154,7 +156,7 @@ def is_served(db_path: str | Path) -> bool:
     """Whether a relay holds the lock of the database at `db_path` now (`relay serve` serves it); never waits."""
     database = Path(db_path).resolve()
     try:
-        fd = os.open(database.with_name(database.name + ".lock"), os.O_RDONLY)
+        fd = os.open(database.with_name(database.name + LOCK_SUFFIX), os.O_RDONLY)
     except OSError:  # no lock file: no relay ever served it
         return False
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 from relay.config import Config
@@ -42,15 +43,22 @@ def gather_status(config: Config) -> dict:
     path = Path(config.store.path)
     if not path.exists():
         raise FileNotFoundError(f"no database at {path}")
-    conn = connect_readonly(path)
-    try:
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        by_kind = conn.execute("SELECT kind, count(*) FROM events GROUP BY kind ORDER BY count(*) DESC, kind")
-        kinds = {str(kind): count for kind, count in by_kind}
-        states = {s.url: s.as_dict() for s in read_states(conn)}
-        projectors = projector_states(conn, config)
-    finally:
-        conn.close()
+    with closing(connect_readonly(path)) as conn:
+        return status_of(conn, config)
+
+
+def status_of(conn: sqlite3.Connection, config: Config) -> dict:
+    """`gather_status` read on `conn`, a read-only connection to `config.store.path` the caller holds.
+
+    Raises:
+        sqlite3.Error: the file is not a readable relay database.
+    """
+    path = Path(config.store.path)
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    by_kind = conn.execute("SELECT kind, count(*) FROM events GROUP BY kind ORDER BY count(*) DESC, kind")
+    kinds = {str(kind): count for kind, count in by_kind}
+    states = {s.url: s.as_dict() for s in read_states(conn)}
+    projectors = projector_states(conn, config)
     peers = []
     for peer in config.sync.peers:
         row = states.pop(peer.url, {"url": peer.url})

@@ -21,7 +21,9 @@ from pathlib import Path
 
 from relay.config import DEFAULT_DB_PATH, Config
 from relay.store import db
-from relay.store.location import os_reason, require_database, require_directory
+from relay.keys import KEY_SUFFIX
+from relay.locks import LOCK_SUFFIX
+from relay.store.location import SIDE_FILES, DatabaseUnusable, os_reason, require_database, require_directory
 
 EXIT_USAGE = 2  # a path or argument the person who ran the command must fix
 SERVED_DATABASE_HINT = "give the database the relay serves with --db or --config"
@@ -55,7 +57,7 @@ def check_database_path(config: Config, create: bool) -> None:
 
 # What lives beside a database `relay.db` (SQLite's WAL and shared memory, the instance lock, the node key):
 # writing any of them as a command's output destroys the store or the node's identity.
-STORE_FILE_SUFFIXES = ("", "-wal", "-shm", "-journal", ".lock", ".key")
+STORE_FILE_SUFFIXES = ("", *SIDE_FILES, "-journal", LOCK_SUFFIX, KEY_SUFFIX)
 
 
 def refuse_store_file(config: Config, path: Path, option: str) -> None:
@@ -85,11 +87,13 @@ def open_readonly(path: str, command: str) -> sqlite3.Connection | None:
         return None
     try:
         conn = db.connect_readonly(file)
-        if conn.execute("PRAGMA user_version").fetchone()[0] > 0:
-            return conn
-        conn.close()
-        print(f"relay {command}: {file}: not a relay database (no schema: empty, or another program's)",
-              file=sys.stderr)
     except sqlite3.Error as exc:
         print(f"relay {command}: {file}: {exc}", file=sys.stderr)
-    return None
+        return None
+    try:
+        db.relay_schema_version(conn, file)
+    except DatabaseUnusable as exc:
+        conn.close()
+        print(f"relay {command}: {exc}", file=sys.stderr)
+        return None
+    return conn

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from relay.commands import SERVED_DATABASE_HINT, no_such_file, path_error
 from relay.config import Config
-from relay.store.location import DatabaseUnusable, require_database
+from relay.store import db
+from relay.store.location import require_database
 
 
 @dataclass(frozen=True)
@@ -53,13 +54,7 @@ def backup(source: Path, target: Path) -> BackupReport:
     try:
         with closing(sqlite3.connect(source.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None)) as conn:
             conn.execute("PRAGMA busy_timeout = 5000")
-            try:
-                version = conn.execute("PRAGMA user_version").fetchone()[0]
-            except sqlite3.DatabaseError as exc:  # not an SQLite file
-                raise DatabaseUnusable(source.absolute(), str(exc)) from None
-            if version == 0:
-                raise DatabaseUnusable(source.absolute(), "not a relay database (no schema: empty, or another "
-                                                          "program's)")
+            db.relay_schema_version(conn, source.absolute())
             conn.execute("VACUUM INTO ?", (str(partial),))
         # immutable: the copy is ours alone, so no locks, no -wal or -shm files beside it
         with closing(sqlite3.connect(partial.resolve().as_uri() + "?immutable=1", uri=True)) as copy:

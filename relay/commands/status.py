@@ -10,10 +10,11 @@ import json
 import sqlite3
 import sys
 import time
+from contextlib import closing
 
 from relay.commands import SERVED_DATABASE_HINT, open_readonly
 from relay.config import Config
-from relay.status import duration, gather_status
+from relay.status import duration, status_of
 from relay.store.location import require_database
 
 
@@ -96,10 +97,10 @@ def run_status(config: Config, as_json: bool) -> int:
     conn = open_readonly(config.store.path, "status")  # a file that is not a relay database: exit 2, as elsewhere
     if conn is None:
         return 2
-    conn.close()
     try:
-        status = gather_status(config)
-    except (FileNotFoundError, sqlite3.Error) as exc:
+        with closing(conn):
+            status = status_of(conn, config)
+    except sqlite3.Error as exc:
         print(f"relay status: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(status, indent=2) if as_json else render_status(status))

@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 import aiosqlite
 import structlog
 
+from relay.store.location import DatabaseUnusable
+
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
@@ -77,6 +79,22 @@ def read_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         yield conn
     finally:
         conn.execute("ROLLBACK")
+
+
+def relay_schema_version(conn: sqlite3.Connection, path: Path | str) -> int:
+    """`PRAGMA user_version` of the database at `path` on `conn`: the migrations it has (at least 1).
+
+    Raises:
+        DatabaseUnusable: `path` is not an SQLite file, or holds no relay schema (version 0: an empty file an
+            interrupted first import left, another program's database).
+    """
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+    except sqlite3.DatabaseError as exc:
+        raise DatabaseUnusable(path, str(exc)) from None
+    if version == 0:
+        raise DatabaseUnusable(path, "not a relay database (no schema: empty, or another program's)")
+    return version
 
 
 def connect_readonly(path: Path) -> sqlite3.Connection:

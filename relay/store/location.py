@@ -13,7 +13,7 @@ import os
 import stat
 from pathlib import Path
 
-_SIDE_FILES = ("-wal", "-shm")  # WAL mode: SQLite creates and writes both beside the database
+SIDE_FILES = ("-wal", "-shm")  # WAL mode: SQLite creates and writes both beside the database
 
 
 class DatabaseUnusable(RuntimeError):
@@ -53,7 +53,7 @@ def check_location(path: Path) -> None:
         what = "directory" if existing == directory else f"directory cannot be created: {existing}"
         raise DatabaseUnusable(path, f"{what} is not writable by {_who()} ({_owner(existing.stat())}); "
                                      "SQLite writes the -wal and -shm files beside the database")
-    for file in (path, *(Path(f"{path}{suffix}") for suffix in _SIDE_FILES)):
+    for file in (path, *(Path(f"{path}{suffix}") for suffix in SIDE_FILES)):
         if file.exists() and not os.access(file, os.R_OK | os.W_OK):
             raise DatabaseUnusable(path, f"{file.name} is not readable and writable by {_who()} "
                                          f"({_owner(file.stat())})")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import structlog
 
-from relay.commands.status import gather_status, render_status
+from relay.commands.status import render_status
+from relay.status import gather_status
 from relay.sync.state import read_states
 from tests.conftest import make_config
 from tests.helpers import eventually
