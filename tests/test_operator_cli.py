@@ -252,6 +252,22 @@ def test_a_file_that_is_not_a_relay_database_is_exit_2_naming_the_command(tmp_pa
         assert not (tmp_path / "not.db.key").exists()
 
 
+def test_rebuild_refuses_a_file_that_is_not_a_relay_database(tmp_path):
+    """`relay projectors rebuild` on text, an empty file or another program's SQLite database: one line, exit 2,
+    the file untouched (a traceback, or the other program's database migrated)."""
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE events (x)")
+    text, empty = tmp_path / "text.db", tmp_path / "empty.db"
+    text.write_bytes(b"not SQLite, just text " * 10)
+    empty.write_bytes(b"")
+    for db in (text, empty, other):
+        before = db.read_bytes()
+        line = _one_line(relay_cli("projectors", "rebuild", "profiles", "--db", db), 2)
+        assert line.startswith("relay projectors: database ") and str(db) in line, line
+        assert db.read_bytes() == before
+
+
 def test_sync_and_rebuild_refuse_a_missing_database(tmp_path):
     """A mistyped --db is refused (exit 2, one line naming it) by `relay sync` (unless --create), `relay
     projectors rebuild` and `relay status` (which exited 1), as by `relay import`: it became a new database that

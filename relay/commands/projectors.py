@@ -132,7 +132,12 @@ def run_projectors_list(config: Config) -> int:
 
 
 def run_projectors_rebuild(config: Config, name: str) -> int:
-    """`relay projectors rebuild NAME`: recompute one configured projector's tables now; 2 if unknown."""
+    """`relay projectors rebuild NAME`: recompute one configured projector's tables now; 2 if unknown.
+
+    Raises:
+        DatabaseUnusable: no relay database at `store.path` (missing, not SQLite, or without a relay schema;
+            the command line's exit 2).
+    """
     names = [s.name for s in config.projectors]
     if name not in names:
         print(f"relay projectors rebuild: no configured projector {name!r} (configured: {', '.join(names) or 'none'})",
@@ -142,6 +147,7 @@ def run_projectors_rebuild(config: Config, name: str) -> int:
     conn = sqlite3.connect(config.store.path, isolation_level=None)
     try:
         conn.execute("PRAGMA busy_timeout = 5000")
+        db.relay_schema_version(conn, config.store.path)  # not another program's file: it would migrate it
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {config.store.synchronous.upper()}")
         db.migrate(conn)

@@ -322,6 +322,20 @@ async def test_a_refused_handshake_is_answered_as_the_routes_answer(relay, field
     assert (b"\r\nSec-WebSocket-Version: 13\r\n" in head) == (b" 426 " in status_line)
 
 
+@pytest.mark.parametrize("fields, reason", [
+    (b"Upgrade: foo\r\nConnection: Upgrade\r\n", b"upgrade required: invalid Upgrade header: foo"),
+    (b"Upgrade: websocket\r\n", b"upgrade required: missing Connection header"),
+], ids=["upgrade-foo", "no-connection"])
+async def test_a_426_from_websockets_says_upgrade_required_in_one_line(relay, fields, reason):
+    """websockets answers these 426 itself: the prefix of a 426 (`upgrade required: `, as the README lists), one
+    line (its second, for browsers, dropped); they said `invalid: ` over two lines."""
+    answer = await _raw(relay.port, b"GET / HTTP/1.1\r\nHost: relay\r\n" + fields
+                        + b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 426 Upgrade Required\r\n"), answer
+    body = answer.partition(b"\r\n\r\n")[2]
+    assert body.startswith(reason) and body.count(b"\n") == 1, body
+
+
 def _http(port: int, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
     """(status, headers, body) of one request through http.client, which reads no body after a HEAD."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)

@@ -113,13 +113,15 @@ class RoutedServerConnection(ServerConnection):
         accepted handshake."""
         if response.status_code == HTTPStatus.SWITCHING_PROTOCOLS:
             return None
-        reason = response.body.decode("utf-8", "replace").removeprefix(_WEBSOCKETS_REFUSAL).strip()
+        # its first line: websockets adds a second, for browsers, to a 426
+        reason = response.body.decode("utf-8", "replace").removeprefix(_WEBSOCKETS_REFUSAL).strip().split("\n")[0]
         exc = self.protocol.handshake_exc
         if isinstance(exc, InvalidHeaderValue) and exc.name == "Sec-WebSocket-Version":
             refusal = HttpResponse(HTTPStatus.UPGRADE_REQUIRED, f"upgrade required: {reason} (13 is)\n".encode(),
                                    "text/plain", headers=(("Sec-WebSocket-Version", "13"),))
-        else:
-            refusal = HttpResponse(HTTPStatus(response.status_code), f"invalid: {reason}\n".encode(), "text/plain")
+        else:  # the prefix of its status, as the routes' refusals have (relay/server/wire/http.py)
+            prefix = "upgrade required" if response.status_code == HTTPStatus.UPGRADE_REQUIRED else "invalid"
+            refusal = HttpResponse(HTTPStatus(response.status_code), f"{prefix}: {reason}\n".encode(), "text/plain")
         answer = self._routes.response(refusal)
         if "Server" in response.headers:
             answer.headers["Server"] = response.headers["Server"]
