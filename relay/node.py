@@ -155,9 +155,8 @@ class Node:
         config, store = self.config, self.store
         self._background = [asyncio.create_task(self._purge_expired_forever(), name="expiry-purge"),
                             asyncio.create_task(self.moderation.refresh_forever(), name="moderation-refresh")]
-        if (trim := _libc("malloc_trim")) is not None and config.server.memory_trim_seconds > 0:
-            self._background.append(asyncio.create_task(
-                _trim_memory_forever(trim, config.server.memory_trim_seconds), name="memory-trim"))
+        if (trim := start_memory_trim(config)) is not None:
+            self._background.append(trim)
         if is_configured(config):
             self._background.append(asyncio.create_task(retention_forever(store, config), name="retention"))
         projectors = _projector_hook(store)
@@ -264,6 +263,14 @@ def _libc(name: str) -> Callable | None:
         return getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
+
+
+def start_memory_trim(config: Config) -> asyncio.Task | None:
+    """The task that trims this process's heap every `server.memory_trim_seconds` (one process, the writer of
+    workers and each worker: a worker holds its clients' frames); None when that is 0 or there is no glibc."""
+    if (trim := _libc("malloc_trim")) is None or config.server.memory_trim_seconds <= 0:
+        return None
+    return asyncio.create_task(_trim_memory_forever(trim, config.server.memory_trim_seconds), name="memory-trim")
 
 
 async def _trim_memory_forever(trim: Callable[[int], int], seconds: float) -> None:

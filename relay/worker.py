@@ -44,7 +44,8 @@ from relay.ingest import Ingest
 from relay.ingest.moderation import Moderation
 from relay.logging import configure_logging
 from relay.metrics import CONTENT_TYPE, Metrics, inherited_multiprocess
-from relay.node import add_status_page, stop_on_signals, tune_after_start, unmap_large_blocks_when_freed
+from relay.node import (add_status_page, start_memory_trim, stop_on_signals, tune_after_start,
+                        unmap_large_blocks_when_freed)
 from relay.processes import die_with_parent
 from relay.runtime import runtime_dir
 from relay.server.app import RelayServer
@@ -122,6 +123,8 @@ async def serve_worker(config: Config, index: int, port: int, count: int) -> int
                  asyncio.create_task(moderation.refresh_forever(), name="moderation-refresh")]
         if metrics.multiprocess_dir is not None:
             tasks.append(asyncio.create_task(metrics.refresh_forever(), name="metrics-refresh"))
+        if (trim := start_memory_trim(config)) is not None:
+            tasks.append(trim)
         tune_after_start()
         channel.hello(index)
         log.info("worker_started", url=server.url, port=server.port)
