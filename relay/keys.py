@@ -119,6 +119,6 @@ def load_or_create(path: Path) -> NodeKey:
     return key
 
 
-def encode_auth(event: dict) -> bytes:
+def encode_auth_response(event: dict) -> bytes:
     """`["AUTH", <signed event>]` (NIP-42, client to relay)."""
     return orjson.dumps(["AUTH", event])

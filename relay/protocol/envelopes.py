@@ -226,7 +226,7 @@ def encode_ok(event_id: str, accepted: bool, message: str = "") -> bytes:
     return orjson.dumps(["OK", event_id, accepted, message])
 
 
-def encode_auth(challenge: str) -> bytes:
+def encode_auth_challenge(challenge: str) -> bytes:
     """`["AUTH", <challenge>]` (NIP-42, relay to client)."""
     return orjson.dumps(["AUTH", challenge])
 

@@ -61,7 +61,7 @@ class Keepalive:
         for wire, watch in list(self._watched.items()):
             if watch.pong is None:
                 if now >= watch.next_ping:
-                    watch.pong, watch.progress = asyncio.ensure_future(wire.pong()), Progress()
+                    watch.pong, watch.progress = asyncio.ensure_future(wire.ping()), Progress()
             elif watch.pong.done():
                 watch.pong, watch.next_ping = None, now + self.interval
             elif watch.progress.look(wire.taken_bytes()) >= self.timeout:

@@ -36,7 +36,7 @@ import websockets
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from relay.protocol.negentropy import Negentropy, NegentropyError
-from relay.keys import NodeKey, encode_auth
+from relay.keys import NodeKey, encode_auth_response
 
 log = structlog.get_logger(__name__)
 
@@ -311,7 +311,7 @@ class PeerConnection:
             return
         event = self.key.auth_event(self.url, challenge)
         self._auth_ids.add(event["id"])
-        asyncio.create_task(self._send_quietly(encode_auth(event)))
+        asyncio.create_task(self._send_quietly(encode_auth_response(event)))
 
     async def _send_quietly(self, message: bytes) -> None:
         try:

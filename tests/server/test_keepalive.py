@@ -55,7 +55,7 @@ class _FakeWire:
     def __init__(self, answers: bool) -> None:
         self.answers, self.taken, self.pings = answers, 0, 0
 
-    async def pong(self) -> None:
+    async def ping(self) -> None:
         self.pings += 1
         if not self.answers:
             await asyncio.Event().wait()

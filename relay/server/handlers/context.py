@@ -12,7 +12,7 @@ from prometheus_client import Counter, Histogram
 
 from relay.config import LimitsConfig
 from relay.ingest import Ingest, Outcome, Source
-from relay.protocol.envelopes import encode_auth
+from relay.protocol.envelopes import encode_auth_challenge
 from relay.protocol.event import EventLimits
 from relay.protocol.filters import Filter
 from relay.protocol.rejection import Rejection
@@ -99,7 +99,7 @@ class Context:
         """Queue `["AUTH", <challenge>]` (NIP-42), once per connection."""
         if not self.access.challenged:
             self.access.challenged = True
-            self.outbox.push(encode_auth(self.access.challenge))
+            self.outbox.push(encode_auth_challenge(self.access.challenge))
 
     def read_refusal(self, filters: list[Filter], action: int) -> str | None:
         """Why a REQ, COUNT (action REQS) or NEG-OPEN (NEG_OPENS) is refused: rate limit, NIP-42, a search with

@@ -163,7 +163,7 @@ class Wire:
         except TimeoutError:
             reset(self.ws)
 
-    async def pong(self) -> None:
+    async def ping(self) -> None:
         """Ping the peer (RFC 6455 section 5.5.2) and return once it answers, or once the socket closes."""
         try:
             await (await self.ws.ping())
