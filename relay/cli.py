@@ -57,10 +57,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"relay {software_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", parents=[common], help="run the relay")
+    serve.set_defaults(run=_serve)
     serve.add_argument("--host", type=types.host, help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=types.port_number, help="TCP port (default 7777; 0 picks a free one)")
     serve.add_argument("--workers", type=types.text, help='worker processes ("auto", the default: one per CPU, at most 8; 0: one process)')
     imp = commands.add_parser("import", parents=[common], help="validate and store events from a JSONL file")
+    imp.set_defaults(run=_import)
     imp.add_argument("file", type=types.input_file, help="JSONL file, one event object per line ('-' for stdin)")
     imp.add_argument("--rejects", type=types.output_file, help="write each rejected line to this file as JSON lines "
                      '({"line", "id", "reason", "text"})')
@@ -68,9 +70,11 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("--processes", type=types.whole_number("a number of processes", 256), metavar="N",
                      help="processes checking the lines' signatures (default: one per CPU; 0: threads of this one)")
     exp = commands.add_parser("export", parents=[common], help="write stored events as JSONL")
+    exp.set_defaults(run=_export)
     exp.add_argument("--filter", type=types.nip01_filter, default="{}", help="a NIP-01 filter as JSON; its limit, if any, applies (default: every event)")
     exp.add_argument("--output", "-o", type=types.output_file, help="file to write (default: stdout)")
     sync = commands.add_parser("sync", parents=[common], help="reconcile with another relay over NIP-77, once")
+    sync.set_defaults(run=_sync)
     sync.add_argument("url", type=types.ws_url, help="the peer relay's ws:// or wss:// URL")
     sync.add_argument("--filter", type=types.sync_filter, default="{}", help="a NIP-01 filter as JSON, without limit (default: every event)")
     sync.add_argument("--create", action="store_true", help="start a new database if there is none (else exit 2)")
@@ -78,9 +82,11 @@ def _parser() -> argparse.ArgumentParser:
                       help="down: fetch what we lack; up: send what the peer lacks; both (default)")
     sync.add_argument("--frame-size", type=types.frame_size, help="bytes per negentropy message (default: sync.frame_size_limit)")
     status = commands.add_parser("status", parents=[common], help="database size, events by kind, sync peers")
+    status.set_defaults(run=_status)
     status.add_argument("--json", action="store_true", help="print JSON for scripts")
     changes = commands.add_parser("changes", parents=[common], help="print the change feed (every insertion and "
                                   "removal, in commit order) as JSON lines")
+    changes.set_defaults(run=_changes)
     changes.add_argument("--since", type=types.feed_cursor, metavar="CURSOR",
                          help="print the changes after this cursor (default: the oldest kept; now: what comes next)")
     changes.add_argument("--follow", action="store_true", help="keep printing new changes until interrupted")
@@ -89,9 +95,11 @@ def _parser() -> argparse.ArgumentParser:
     only.add_argument("--table", type=types.text, metavar="NAME", help="the rows of this projected table inserted, replaced and "
                       "removed instead (one of [store] row_change_tables)")
     key = commands.add_parser("key", parents=[common], help="print a node's pubkey (--file: creating that key file if absent)")
+    key.set_defaults(run=_key)
     key.add_argument("--file", type=types.key_file, help="the key file (default: sync.secret_key_file, else <db>.key beside the db)")
     backup = commands.add_parser("backup", parents=[common], help="write a consistent copy of the database "
                                  "(while the relay serves)")
+    backup.set_defaults(run=_backup)
     backup.add_argument("path", type=types.output_file, help="the copy's file name; must not exist")
     _projector_parsers(commands, common)
     _ban_parsers(commands, common)
@@ -103,6 +111,7 @@ def _record_parsers(commands, common: argparse.ArgumentParser) -> None:
     """`record put | delete | get` (body in relay/commands/records.py)."""
     record = commands.add_parser("record", parents=[common], help="write, delete or read a row of a declared "
                                  "projector (a row is signed into an event)")
+    record.set_defaults(run=_record)
     actions = record.add_subparsers(dest="action", required=True)
     inner = _common(defaults=False)
     put = actions.add_parser("put", parents=[inner], help="sign the row into an event and store it")
@@ -130,16 +139,19 @@ def _ban_parsers(commands, common: argparse.ArgumentParser) -> None:
     ban = commands.add_parser("ban", parents=[common], help="ban an event (removed now) or a pubkey, or block an "
                               "IP (NIP-86's banevent, banpubkey, blockip); a running relay applies it within "
                               "admin.refresh_seconds")
+    ban.set_defaults(run=_ban)
     ban.add_argument("what", choices=("event", "pubkey", "ip"))
     ban.add_argument("item", action=_BanItem, help="the event id or pubkey (64 hex, or note1... / npub1...), or "
                      "the IP address or network")
     ban.add_argument("--reason", type=types.text, default="", help="why (shown by `relay bans` and NIP-86's lists)")
     ban.add_argument("--purge", action="store_true", help="pubkey: remove its stored events too, in batches")
     unban = commands.add_parser("unban", parents=[common], help="lift a ban on an event or pubkey, or unblock an IP")
+    unban.set_defaults(run=_unban)
     unban.add_argument("what", choices=("event", "pubkey", "ip"))
     unban.add_argument("item", action=_BanItem, help="the event id or pubkey (64 hex, or note1... / npub1...), "
                        "or the IP address or network")
     bans = commands.add_parser("bans", parents=[common], help="banned pubkeys and events, blocked IPs, kind rules")
+    bans.set_defaults(run=_bans)
     bans.add_argument("--json", action="store_true", help="print JSON for scripts")
 
 
@@ -157,15 +169,18 @@ class _BanItem(argparse.Action):
 
 def _projector_parsers(commands, common: argparse.ArgumentParser) -> None:
     """`verify`, `projectors list | rebuild NAME | refusals`, `query TABLE` (bodies in relay/commands/projectors.py)."""
-    commands.add_parser("verify", parents=[common],
-                        help="recompute every projected table and negentropy index from the events; exit 1 on any difference")
+    commands.add_parser("verify", parents=[common], help="recompute every projected table and negentropy index from "
+                        "the events; exit 1 on any difference").set_defaults(run=_verify)
     proj = commands.add_parser("projectors", parents=[common], help="projected tables: list, rebuild, refusals")
     actions = proj.add_subparsers(dest="action", required=True)
     inner = _common(defaults=False)
-    actions.add_parser("list", parents=[inner], help="projectors with kind, revision, state, rows, refusals")
+    actions.add_parser("list", parents=[inner], help="projectors with kind, revision, state, rows, refusals"
+                       ).set_defaults(run=_projectors_list)
     rebuild = actions.add_parser("rebuild", parents=[inner], help="recompute one projector's tables now")
+    rebuild.set_defaults(run=_projectors_rebuild)
     rebuild.add_argument("name", type=types.text, help="the projector (table) name")
     refusals = actions.add_parser("refusals", parents=[inner], help="events stored but not projected, newest first")
+    refusals.set_defaults(run=_projectors_refusals)
     refusals.add_argument("--projector", type=types.text, help="only this projector's refusals")
     refusals.add_argument("--limit", type=types.row_limit, default=100, help="rows to show (default 100)")
     refusals.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -184,7 +199,7 @@ def _projector_parsers(commands, common: argparse.ArgumentParser) -> None:
     shape.add_argument("--json", dest="output", action="store_const", const="json",
                        help="one JSON object per line instead of tab-separated")
     shape.add_argument("--csv", dest="output", action="store_const", const="csv", help="CSV (RFC 4180) with a header")
-    query.set_defaults(output="tsv")
+    query.set_defaults(output="tsv", run=_query)
 
 
 
@@ -269,89 +284,132 @@ def _dispatch(args: argparse.Namespace) -> int:
     log = structlog.get_logger("relay")
     (log.info if args.command == "serve" else log.debug)(
         "config_loaded", file=str(args.config) if args.config else "built-in defaults")
-    if args.command == "serve":
-        import uvloop
+    return args.run(config, args)
 
-        try:
-            check_database_path(config, create=True)  # a mistyped --db is not a new folder (the default's data/ is)
-        except DatabaseUnusable as exc:  # in the daemon's log, as node.py says a path it cannot use
-            log.error("database_unusable", path=exc.path, error=exc.reason)
-            return 2
 
-        from relay.supervisor import serve
+# The commands' handlers (argparse's `run` default of each sub-command): the loaded configuration and the
+# parsed arguments in, the exit code out; each imports its body when run, so `relay status` loads no server.
 
-        return uvloop.run(serve(config))
-    if args.command == "import":
-        from relay.commands.transfer import run_import
+def _serve(config: Config, args: argparse.Namespace) -> int:
+    import uvloop
 
-        return asyncio.run(run_import(config, args.file, args.rejects, args.create, args.processes))
-    if args.command == "sync":
-        from relay.commands.sync import run_sync
+    try:
+        check_database_path(config, create=True)  # a mistyped --db is not a new folder (the default's data/ is)
+    except DatabaseUnusable as exc:  # in the daemon's log, as node.py says a path it cannot use
+        structlog.get_logger("relay").error("database_unusable", path=exc.path, error=exc.reason)
+        return 2
 
-        return asyncio.run(run_sync(config, args.url, args.filter, args.direction, args.frame_size, args.create))
-    if args.command == "status":
-        from relay.commands.status import run_status
+    from relay.supervisor import serve
 
-        return run_status(config, args.json)
-    if args.command == "changes":
-        from relay.commands.changes import run_changes
+    return uvloop.run(serve(config))
 
-        return run_changes(config, args.since, args.follow, args.kinds, args.table)
-    if args.command == "key":
-        from relay.commands.key import run_key
-        from relay.keys import key_path
 
-        return run_key(args.file or key_path(config.sync.secret_key_file, config.store.path), args.file is not None)
-    if args.command == "backup":
-        from relay.commands.backup import run_backup
+def _import(config: Config, args: argparse.Namespace) -> int:
+    from relay.commands.transfer import run_import
 
-        return run_backup(config, args.path)
-    if args.command in ("verify", "projectors", "query"):
-        return _run_projector_command(config, args)
-    if args.command in ("ban", "unban", "bans"):
-        return asyncio.run(_run_ban_command(config, args))
-    if args.command == "record":
-        from relay.commands.records import run_record
+    return asyncio.run(run_import(config, args.file, args.rejects, args.create, args.processes))
 
-        data = args.row if args.action == "put" else args.pk
-        return asyncio.run(run_record(config, args.action, args.table, data, getattr(args, "key", None),
-                                      getattr(args, "created_at", None), getattr(args, "wait", True),
-                                      getattr(args, "reason", "")))
+
+def _export(config: Config, args: argparse.Namespace) -> int:
     from relay.commands.transfer import run_export
 
     return asyncio.run(run_export(config, args.filter, args.output))
 
 
-async def _run_ban_command(config: Config, args: argparse.Namespace) -> int:
-    from relay.commands import bans
+def _sync(config: Config, args: argparse.Namespace) -> int:
+    from relay.commands.sync import run_sync
 
-    if args.command == "ban":
-        return await bans.run_ban(config, args.what, args.item, args.reason, args.purge)
-    if args.command == "unban":
-        return await bans.run_unban(config, args.what, args.item)
-    return await bans.run_bans(config, args.json)
+    return asyncio.run(run_sync(config, args.url, args.filter, args.direction, args.frame_size, args.create))
 
 
-def _run_projector_command(config: Config, args: argparse.Namespace) -> int:
-    from relay.commands import projectors as pc
+def _status(config: Config, args: argparse.Namespace) -> int:
+    from relay.commands.status import run_status
 
-    if args.command == "verify":
-        return pc.run_verify(config)
-    if args.command == "query":
-        keyset = _keyset(args)
-        if keyset is not None and (args.where or (args.pk is not None and (args.param or args.order_by or args.after))):
-            print("relay query: --where (SQL) and --pk (one row) go alone; --param, --order-by and --after go "
-                  "together", file=sys.stderr)
+    return run_status(config, args.json)
+
+
+def _changes(config: Config, args: argparse.Namespace) -> int:
+    from relay.commands.changes import run_changes
+
+    return run_changes(config, args.since, args.follow, args.kinds, args.table)
+
+
+def _key(config: Config, args: argparse.Namespace) -> int:
+    from relay.commands.key import run_key
+    from relay.keys import key_path
+
+    return run_key(args.file or key_path(config.sync.secret_key_file, config.store.path), args.file is not None)
+
+
+def _backup(config: Config, args: argparse.Namespace) -> int:
+    from relay.commands.backup import run_backup
+
+    return run_backup(config, args.path)
+
+
+def _record(config: Config, args: argparse.Namespace) -> int:
+    from relay.commands.records import run_record
+
+    data = args.row if args.action == "put" else args.pk
+    return asyncio.run(run_record(config, args.action, args.table, data, getattr(args, "key", None),
+                                  getattr(args, "created_at", None), getattr(args, "wait", True),
+                                  getattr(args, "reason", "")))
+
+
+def _ban(config: Config, args: argparse.Namespace) -> int:
+    from relay.commands.bans import run_ban
+
+    return asyncio.run(run_ban(config, args.what, args.item, args.reason, args.purge))
+
+
+def _unban(config: Config, args: argparse.Namespace) -> int:
+    from relay.commands.bans import run_unban
+
+    return asyncio.run(run_unban(config, args.what, args.item))
+
+
+def _bans(config: Config, args: argparse.Namespace) -> int:
+    from relay.commands.bans import run_bans
+
+    return asyncio.run(run_bans(config, args.json))
+
+
+def _verify(config: Config, args: argparse.Namespace) -> int:
+    from relay.commands.projectors import run_verify
+
+    return run_verify(config)
+
+
+def _query(config: Config, args: argparse.Namespace) -> int:
+    from relay.commands.projectors import run_query
+
+    keyset = _keyset(args)
+    if keyset is not None and (args.where or (args.pk is not None and (args.param or args.order_by or args.after))):
+        print("relay query: --where (SQL) and --pk (one row) go alone; --param, --order-by and --after go "
+              "together", file=sys.stderr)
+        return 2
+    seen: set[str] = set()
+    for column, _ in args.param:  # as GET /tables refuses `?col=a&col=b`: an equality holds one value
+        if column in seen:
+            print(f"relay query: {column}: given twice", file=sys.stderr)
             return 2
-        seen: set[str] = set()
-        for column, _ in args.param:  # as GET /tables refuses `?col=a&col=b`: an equality holds one value
-            if column in seen:
-                print(f"relay query: {column}: given twice", file=sys.stderr)
-                return 2
-            seen.add(column)
-        return pc.run_query(config, args.table, args.where, args.output, args.limit, keyset)
-    if args.action == "list":
-        return pc.run_projectors_list(config)
-    if args.action == "rebuild":
-        return pc.run_projectors_rebuild(config, args.name)
-    return pc.run_projectors_refusals(config, args.projector, args.limit, args.json)
+        seen.add(column)
+    return run_query(config, args.table, args.where, args.output, args.limit, keyset)
+
+
+def _projectors_list(config: Config, args: argparse.Namespace) -> int:
+    from relay.commands.projectors import run_projectors_list
+
+    return run_projectors_list(config)
+
+
+def _projectors_rebuild(config: Config, args: argparse.Namespace) -> int:
+    from relay.commands.projectors import run_projectors_rebuild
+
+    return run_projectors_rebuild(config, args.name)
+
+
+def _projectors_refusals(config: Config, args: argparse.Namespace) -> int:
+    from relay.commands.projectors import run_projectors_refusals
+
+    return run_projectors_refusals(config, args.projector, args.limit, args.json)
