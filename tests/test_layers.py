@@ -1,4 +1,4 @@
-"""Imports point one way (DESIGN.md, "Layers"): every import of every module under relay/, function-level ones
+"""Imports point one way (docs/architecture.md, "Layers"): every import of every module under relay/, function-level ones
 included, goes to its own layer or a lower one, and no modules or parts import each other in a circle.
 
 A part is a top-level module or package of relay/ (`store`, `server`, `node`, ...).  The failure message names

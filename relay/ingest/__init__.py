@@ -1,4 +1,4 @@
-"""The one path of every event into the relay, whatever its source (DESIGN.md, "The path of one event").
+"""The one path of every event into the relay, whatever its source (docs/architecture.md, "The path of one EVENT").
 
 `Ingest` (pipeline.py) takes each event through parsing, the event rules,
 the source's rules (source.py) and the one signature pool (verifier.py) to

@@ -245,7 +245,7 @@ class Ingest:
         if verdict.action == "accept":
             self._take(event, source, done)
         elif verdict.action == "shadowReject" and source.name == "client":
-            done(SHADOW_REJECTED)  # DESIGN.md invariant 1's one exception: OK true, nothing stored, no fan-out
+            done(SHADOW_REJECTED)  # invariant 1's one exception (docs/architecture.md): OK true, nothing stored, no fan-out
         else:
             outcome = Outcome.parse(False, verdict.message if verdict.action == "reject" else SHADOW_ELSEWHERE)
             if outcome.prefix != "error":  # a policy's failure is the relay's, not the event's

@@ -20,7 +20,7 @@ def keeps_deletion_marks(document: object) -> bool:
     """True when a NIP-11 document (parsed JSON) is one of this project's relays.
 
     They refuse a deleted event sent again (NIP-09) and yet raise its
-    coordinate's high-water mark (DESIGN.md, invariant 5), so a deleted
+    coordinate's high-water mark (docs/architecture.md, invariant 5), so a deleted
     version may be sent to them as evidence (relay/store/evidence.py); a relay
     that might store it would serve a deleted event again.
     """

@@ -1,7 +1,7 @@
 """The evidence of a deleted newest version: what makes syncing nodes agree on a deleted coordinate.
 
 A replaceable or addressable coordinate's high-water mark survives the
-deletion of its newest version (DESIGN.md, invariant 5), so an older version
+deletion of its newest version (docs/architecture.md, invariant 5), so an older version
 is refused for ever.  A peer that never saw the newest version still holds
 an older one, and would serve it for ever: the deleted version itself is not
 stored, so it never travels with the events.  The mark therefore keeps the

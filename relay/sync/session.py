@@ -17,7 +17,7 @@ Fetching first means an older version we hold is not pushed when the
 peer's newer one has just replaced it here.
 
 A needed event refused here because we hold a newer version that was
-deleted (DESIGN.md, invariant 5) would stay a difference for ever: last
+deleted (docs/architecture.md, invariant 5) would stay a difference for ever: last
 (direction both: the older version is seen by fetching it, and answered by
 pushing), the deletion and the deleted version are sent to the peer
 (relay/store/evidence.py), which then drops its older version too.

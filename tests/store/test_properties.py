@@ -235,7 +235,7 @@ def scenarios(draw) -> Scenario:
 
 # A replaceable event, a newer version, and a deletion (e tag) of the newer one. Arriving
 # deletion-first must leave what arriving deletion-last leaves: no version (NIP-09 + the
-# high-water mark of DESIGN.md invariant 5).
+# high-water mark of invariant 5, docs/architecture.md).
 _TOMBSTONE_FIRST = Scenario(
     [Spec(0, 0, 10, "old"), Spec(0, 0, 11, "new"), Spec(0, 5, 12, e_refs=(1,))],
     order1=[0, 1, 2], order2=[2, 0, 1], cuts=[1, 1, 1])

@@ -1,4 +1,4 @@
-"""The writer survives any job (DESIGN.md, "Storage"): a job or an event that raises is refused alone, its caller
+"""The writer survives any job (docs/architecture.md, invariant 6): a job or an event that raises is refused alone, its caller
 told, and the writer goes on; only a database that cannot be written at all (SQLite's FULL, IOERR, CORRUPT,
 NOTADB, READONLY, NOMEM) stops it.
 

@@ -30,7 +30,7 @@ checks them (`MeshReport.failures`) against `model_failures`:
   every version that is not a candidate;
 - a version `e`-deleted by its author (accepted, or refused because its
   deletion came first) leaves its coordinate's high-water mark on every node
-  (DESIGN.md, invariant 5: the mark and its evidence travel), so no older
+  (docs/architecture.md, invariant 5: the mark and its evidence travel), so no older
   version is served, unless it or a newer version expires: an expired
   version leaves no mark, nor the one it replaced, and which older candidate
   survives then depends on timing;

@@ -1,5 +1,5 @@
 """Two of our relays, peered both ways, agree on a coordinate whose newest version was deleted by an `e` tag
-(DESIGN.md, invariant 5: the mark survives, and its evidence travels; relay/store/evidence.py).
+(docs/architecture.md, invariant 5: the mark survives, and its evidence travels; relay/store/evidence.py).
 
 In both cases one node holds the mark of the deleted v2 and the other an
 older v1 that it would serve for ever: the node with the mark fetches v1 in

@@ -18,8 +18,8 @@ costs far less than reading every item in it.  The parts, by seam:
   (`query_vector`);
 * verify.py: `relay verify`, the index recomputed from `events` and compared.
 
-Source: NIP-77 and its appendix "Negentropy Protocol V1" (fingerprints);
-the bucket sums follow DESIGN.md, "Negentropy (NIP-77)".
+Source: NIP-77 and its appendix "Negentropy Protocol V1" (fingerprints:
+the sum of the ids mod 2^256, which the nodes' id sums add up to).
 """
 
 from relay.store.negentropy.index import (

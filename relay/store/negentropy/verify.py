@@ -3,7 +3,7 @@
 An index agrees with the events when its bucket items are exactly the
 (created_at, id) of the stored events its filter matches, and every bucket
 and group node holds the count and limb sums of the items it covers
-(DESIGN.md, invariant 4).  Reads only: run it on a read-only connection.
+(docs/architecture.md, invariant 4).  Reads only: run it on a read-only connection.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A spec comes from Python (`ProjectorSpec(...)`) or from a `[[projectors]]`
 table of the TOML configuration (`ProjectorSpec.from_dict`).  Either way it is
 validated when built, and every error names the projector and the field.
 
-What makes two nodes converge (DESIGN.md, "Projectors"): a row's primary key
+What makes two nodes converge (docs/architecture.md, invariant 3): a row's primary key
 is the key of the event's NIP-01 storage class, so the live event set decides
 which event owns each row, whatever the arrival order:
 

@@ -1,4 +1,4 @@
-"""Convergence (DESIGN.md invariant 3), property-tested: the same events, replacements and deletions in any
+"""Convergence (docs/architecture.md, invariant 3), property-tested: the same events, replacements and deletions in any
 order, and a store whose projectors were added after its events (backfill at start-up), give byte-identical
 projected tables, and `verify` is clean on every store."""
 
