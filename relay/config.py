@@ -765,6 +765,24 @@ def env_warnings(env: Mapping[str, str]) -> list[str]:
     return warnings
 
 
+MAX_CONFIG_BYTES = 1 << 20
+"""The largest configuration file read (1 MiB): a bound, as `--config` may name /dev/zero or a log by mistake."""
+
+
+def _read_config_text(path: Path) -> str:
+    """The UTF-8 text of the configuration file at `path` (a FIFO such as `<(...)` is fine), read with a bound.
+
+    Raises:
+        OSError, UnicodeDecodeError: unreadable, or not UTF-8.
+        ConfigError: larger than MAX_CONFIG_BYTES.
+    """
+    with path.open("rb") as f:
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes: not a configuration file")
+    return data.decode("utf-8")
+
+
 def load_config(
     path: Path | None = None,
     env: Mapping[str, str] | None = None,
@@ -781,7 +799,7 @@ def load_config(
     values: dict[str, Any] = {s: {} for s in sections()}
     if path is not None:
         try:
-            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+            data = tomllib.loads(_read_config_text(Path(path)))
         except OSError as exc:  # one line naming the file: "no such file or directory", "is a directory"
             raise ConfigError(f"{path}: {os_reason(exc)}") from None
         except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:

@@ -20,6 +20,9 @@ from relay.protocol.event import serialize_for_id
 log = structlog.get_logger(__name__)
 
 
+MAX_KEY_FILE_BYTES = 4096  # a key file holds 64 hex digits and a newline; more is not a key file
+
+
 class NodeKeyError(RuntimeError):
     """The key file cannot be read, created, or does not hold a 64-hex secret key."""
 
@@ -99,7 +102,8 @@ def load_or_create(path: Path) -> NodeKey:
         return key
     try:
         for _ in range(20):  # another process may have created it a moment ago and be writing it
-            text = path.read_text(encoding="ascii").strip()
+            with path.open("rb") as f:  # bounded: --file may name /dev/zero or a huge file by mistake
+                text = f.read(MAX_KEY_FILE_BYTES + 1).decode("ascii").strip()
             if text:
                 break
             time.sleep(0.05)

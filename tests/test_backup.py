@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import orjson
 import pytest
 
 from relay.commands.backup import run_backup
+from relay.store import db
 from relay.store.location import DatabaseUnusable
 from tests.conftest import make_config
 from tests.helpers import Client, Keys
@@ -60,11 +62,17 @@ async def test_backup_while_serving_is_consistent_and_holds_what_was_acknowledge
     assert f"{len(ids)} events" in out
 
 
+def _relay_database(path: str) -> None:
+    """An empty relay database at `path`: the relay's schema, no events."""
+    with closing(sqlite3.connect(path)) as conn:
+        db.migrate(conn)
+
+
 def test_backup_refuses_to_overwrite_an_existing_file(tmp_path, capsys):
     """An existing PATH: exit 1, a message naming it, and the file untouched; a missing database, or a file that
     is not a relay database: DatabaseUnusable (the command line's exit 2), nothing written."""
     config = make_config(tmp_path)  # run_backup, not cli.main: main would point the logs at capsys's files
-    Path(config.store.path).write_bytes(b"")  # refused before the database is read
+    _relay_database(config.store.path)
     target = tmp_path / "taken.db"
     target.write_bytes(b"precious")
     assert run_backup(config, target) == 1
@@ -73,8 +81,9 @@ def test_backup_refuses_to_overwrite_an_existing_file(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["relay.db", "taken.db"]
     with pytest.raises(DatabaseUnusable, match="no such database"):
         run_backup(make_config(tmp_path / "none"), tmp_path / "out.db")
-    with pytest.raises(DatabaseUnusable, match="not a relay database"):  # the empty file above
-        run_backup(config, tmp_path / "out.db")
+    Path(config.store.path).write_bytes(b"")
+    with pytest.raises(DatabaseUnusable, match="not a relay database"):  # before PATH is looked at
+        run_backup(config, target)
     (tmp_path / "text.db").write_text("not SQLite at all, just some text that fills the header " * 4)
     with pytest.raises(DatabaseUnusable, match="not a database"):
         run_backup(make_config(tmp_path, store={"path": str(tmp_path / "text.db")}), tmp_path / "out.db")
@@ -84,7 +93,7 @@ def test_backup_refuses_to_overwrite_an_existing_file(tmp_path, capsys):
 def test_backup_into_a_missing_directory_names_that_directory(tmp_path, capsys):
     """A PATH whose directory does not exist: exit 2, and the message names PATH, not a temporary file."""
     config = make_config(tmp_path)
-    Path(config.store.path).write_bytes(b"")
+    _relay_database(config.store.path)
     target = tmp_path / "missing" / "copy.db"
     assert run_backup(config, target) == 2
     err = capsys.readouterr().err

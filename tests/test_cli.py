@@ -297,7 +297,8 @@ def test_only_serve_logs_the_configuration_it_loaded(tmp_path):
     """Other commands' stderr is for the person who ran them: no `config_loaded` log line (serve logs it)."""
     result = relay_cli("export", "--db", tmp_path / "absent.db")
     assert result.returncode == 2
-    assert result.stderr.strip() == f"relay export: no database at {tmp_path / 'absent.db'}"
+    assert result.stderr.strip() == (f"relay export: database {tmp_path / 'absent.db'}: no such database (give the "
+                                     "database the relay serves with --db or --config)")
     with Served(tmp_path, "--db", tmp_path / "served.db", "--port", 0) as served:
         served.started_url()
         assert any(entry.get("event") == "config_loaded" for entry in served.log_events())

@@ -23,7 +23,7 @@ from relay.config import DEFAULT_DB_PATH, Config
 from relay.store import db
 from relay.keys import KEY_SUFFIX
 from relay.locks import LOCK_SUFFIX
-from relay.store.location import SIDE_FILES, DatabaseUnusable, os_reason, require_database, require_directory
+from relay.store.location import SIDE_FILES, DatabaseUnusable, os_reason, require_directory
 
 EXIT_USAGE = 2  # a path or argument the person who ran the command must fix
 SERVED_DATABASE_HINT = "give the database the relay serves with --db or --config"
@@ -42,15 +42,20 @@ def no_such_file(path: Path | str) -> FileNotFoundError:
 
 
 def check_database_path(config: Config, create: bool) -> None:
-    """Without `create`, the database of `config` must exist; with it (`relay serve`, `relay import --create`,
-    `relay sync --create`),
-    its folder must, unless it is the default `data/relay.db` (the README's quick start, on a fresh clone).
+    """Without `create`, the database of `config` must exist and hold a relay's schema; with it (`relay serve`,
+    `relay import --create`, `relay sync --create`), a file already there must be a relay's database or empty (what
+    an interrupted first import leaves), and its folder must exist unless it is the default `data/relay.db` (the
+    README's quick start, on a fresh clone).  Nothing is written to a file that is refused.
 
     Raises:
         DatabaseUnusable: one line naming the absolute path and how to proceed.
     """
+    existing = Path(config.store.path)
     if not create:
-        require_database(config.store.path, SERVED_DATABASE_HINT + ", or --create to start a new one there")
+        db.require_relay_database(existing, SERVED_DATABASE_HINT + ", or --create to start a new one there")
+    elif existing.is_file() and existing.stat().st_size > 0 and not db.in_wal_mode(existing):
+        # (a database in WAL mode meets the instance lock first; Store.open refuses another program's tables)
+        db.require_relay_database(existing, SERVED_DATABASE_HINT)
     elif config.store.path != DEFAULT_DB_PATH:
         require_directory(config.store.path, "create it first, or check --db")
 

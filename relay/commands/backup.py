@@ -22,7 +22,6 @@ from pathlib import Path
 from relay.commands import SERVED_DATABASE_HINT, no_such_file, path_error
 from relay.config import Config
 from relay.store import db
-from relay.store.location import require_database
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,7 @@ def backup(source: Path, target: Path) -> BackupReport:
         sqlite3.Error: the copy failed (nothing is left at `target`).
     """
     started = time.monotonic()
-    require_database(source, SERVED_DATABASE_HINT)
+    db.require_relay_database(source, SERVED_DATABASE_HINT)
     if target.exists():
         raise FileExistsError(f"{target} exists; refusing to overwrite it")
     if not target.parent.is_dir():  # else the error would name the temporary file, not PATH

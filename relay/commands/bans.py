@@ -24,7 +24,7 @@ from relay.config import Config
 from relay.ingest.moderation import Moderation, Refused, admin_ban_refusal
 from relay.protocol.event import is_hex64
 from relay.server.management import MAX_REASON, block_refusal
-from relay.store.location import require_database
+from relay.store.db import require_relay_database
 from relay.store.moderation import (
     ALLOWED_KIND,
     BANNED_EVENT,
@@ -56,7 +56,7 @@ async def _open(config: Config) -> tuple[Moderation, WritePath]:
         DatabaseUnusable: there is no file there: a mistyped `--db` would otherwise create a new database
             that no running relay reads, and the ban would report success yet apply nowhere.
     """
-    require_database(config.store.path, "check --db")
+    require_relay_database(config.store.path, "check --db")
     path = await open_write_path(config, read_connections=1)
     return await Moderation.open(path.store, config), path
 

@@ -24,7 +24,7 @@ import orjson
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-from relay.commands import check_database_path, path_error, refuse_store_file
+from relay.commands import SERVED_DATABASE_HINT, check_database_path, path_error, refuse_store_file
 from relay.commands.interrupt import EXIT_INTERRUPTED, interruptible
 from relay.commands.linereader import PAUSED, LineReader
 from relay.commands.through import open_write_path
@@ -36,6 +36,7 @@ from relay.protocol.envelopes import loads
 from relay.protocol.event import Event, event_ref
 from relay.protocol.filters import parse_filter
 from relay.protocol.rejection import Rejection
+from relay.store.db import require_relay_database
 from relay.store.store import Store
 
 CHUNK_LINES = 2_000
@@ -331,7 +332,11 @@ async def run_import(config: Config, path: Path, rejects: Path | None = None, cr
 async def run_export(config: Config, filter_json: str, output: Path | None) -> int:
     """`relay export [--filter JSON] [--output OUT]`: every matching live event as one JSON line, newest first (a
     NIP-50 `search`: best scored first).  Exit 0; 2 (one line on stderr) for a bad filter, a missing database, or
-    an OUT that cannot be opened or is the database or a file beside it (`refuse_store_file`)."""
+    an OUT that cannot be opened or is the database or a file beside it (`refuse_store_file`).
+
+    Raises:
+        DatabaseUnusable: no relay database at `store.path` (exit 2, as every command that reads one).
+    """
     try:
         f = parse_filter(loads(filter_json))
         if f.search is not None and not config.search.enabled:
@@ -339,9 +344,7 @@ async def run_export(config: Config, filter_json: str, output: Path | None) -> i
     except Rejection as exc:
         print(f"relay export: bad --filter: {exc}", file=sys.stderr)
         return 2
-    if not Path(config.store.path).exists():
-        print(f"relay export: no database at {config.store.path}", file=sys.stderr)
-        return 2
+    require_relay_database(config.store.path, SERVED_DATABASE_HINT)
     try:
         if output:
             refuse_store_file(config, output, "--output")

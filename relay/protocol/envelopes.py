@@ -113,7 +113,7 @@ def loads(data: str | bytes) -> object:
     validation refuses those values afterwards.
 
     Raises:
-        Rejection: "invalid:" when neither decoder accepts `data`.
+        Rejection: "invalid:" when neither decoder accepts `data` ("malformed JSON", or "JSON nested too deeply").
     """
     try:
         return orjson.loads(data)
@@ -122,8 +122,10 @@ def loads(data: str | bytes) -> object:
     try:
         # Decoded strictly here: json.loads(bytes) would let UTF-8-encoded surrogates through (surrogatepass).
         return json.loads(data.decode() if isinstance(data, bytes) else data)
-    except (ValueError, RecursionError):
+    except ValueError:
         raise Rejection("invalid", "malformed JSON") from None
+    except RecursionError:  # past orjson's 1024 levels, the fallback's recursion
+        raise Rejection("invalid", "JSON nested too deeply") from None
 
 
 def _sub_id(value: object, verb: str) -> str:

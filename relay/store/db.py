@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import aiosqlite
 import structlog
 
-from relay.store.location import DatabaseUnusable
+from relay.store.location import DatabaseUnusable, os_reason, require_database
 
 log = structlog.get_logger(__name__)
 
@@ -97,6 +97,42 @@ def relay_schema_version(conn: sqlite3.Connection, path: Path | str) -> int:
     return version
 
 
+def require_relay_database(path: Path | str, hint: str) -> None:
+    """Refuse what is not a relay's database at `path` before a command opens it to write (`require_database`,
+    then `relay_schema_version`): opening would write the relay's schema into an empty file or another
+    program's database.
+
+    Raises:
+        DatabaseUnusable: nothing at `path` (the message ends with `hint`), not an SQLite file, or no relay schema.
+    """
+    require_database(path, hint)
+    try:
+        conn = connect_readonly(Path(path))
+    except sqlite3.Error as exc:
+        raise DatabaseUnusable(path, str(exc)) from None
+    try:
+        relay_schema_version(conn, path)
+    finally:
+        conn.close()
+
+
+def in_wal_mode(path: Path | str) -> bool:
+    """Whether the SQLite file at `path` is in WAL mode, read from its header (opening it would create -wal and
+    -shm files beside `path`, even through a hard link to a database another relay holds).
+
+    Raises:
+        DatabaseUnusable: the file cannot be read, or does not begin with SQLite's header (text, another format).
+    """
+    try:
+        with open(path, "rb") as f:
+            header = f.read(100)
+    except OSError as exc:
+        raise DatabaseUnusable(path, os_reason(exc)) from None
+    if len(header) < 100 or not header.startswith(b"SQLite format 3\0"):
+        raise DatabaseUnusable(path, "file is not a database")
+    return header[18] == 2  # the file format's read version: 2 is WAL
+
+
 def connect_readonly(path: Path) -> sqlite3.Connection:
     """A read-only stdlib connection to the database at `path` (autocommit, 5 s busy timeout, query_only).
 
@@ -163,6 +199,8 @@ def migrate(conn: sqlite3.Connection) -> int:
 def _configure(conn: sqlite3.Connection, synchronous: str, readonly: bool, autocheckpoint_pages: int,
                cache_kib: int | None, mmap_bytes: int) -> None:
     conn.execute("PRAGMA busy_timeout = 5000")
+    if not readonly:
+        _refuse_foreign(conn)
     conn.execute("PRAGMA temp_store = MEMORY")
     # KiB of page cache: the writer's 64 MiB (by default) holds the hot index pages; readers
     # share the OS page cache, so 16 MiB each is enough.
@@ -178,6 +216,18 @@ def _configure(conn: sqlite3.Connection, synchronous: str, readonly: bool, autoc
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
         conn.execute(f"PRAGMA wal_autocheckpoint = {autocheckpoint_pages:d}")
+
+
+def _refuse_foreign(conn: sqlite3.Connection) -> None:
+    """Refuse to write to another program's database: tables but no relay schema (`user_version` 0; every
+    migration sets it in its own transaction).  Checked before `journal_mode = WAL`, which would change its file.
+
+    Raises:
+        sqlite3.DatabaseError: naming what the file holds.
+    """
+    if conn.execute("PRAGMA user_version").fetchone()[0] == 0 and \
+            conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchone() is not None:
+        raise sqlite3.DatabaseError("not a relay database: it holds another program's tables (no relay schema)")
 
 
 async def connect(path: Path, synchronous: str = "normal", readonly: bool = False,

@@ -52,6 +52,14 @@ def test_errors_say_whom_to_answer(frame, verb, ref):
     assert (err.value.verb, err.value.ref, err.value.prefix) == (verb, ref, "invalid")
 
 
+@pytest.mark.parametrize("frame, reason", [("[1,", "malformed JSON"), ("[" * 5000 + "]" * 5000, "JSON nested too deeply")])
+def test_undecodable_frames_say_why(frame, reason):
+    """A frame no decoder accepts is refused "invalid:" with the reason: malformed, or nested too deeply."""
+    with pytest.raises(MessageError) as err:
+        parse_client_message(frame, 2)
+    assert err.value.reason == reason
+
+
 def test_encoders_produce_nip01_arrays():
     """Encoders produce the exact NIP-01 / NIP-45 arrays."""
     assert json.loads(encode_ok("ab", False, "invalid: x")) == ["OK", "ab", False, "invalid: x"]
