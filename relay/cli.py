@@ -84,6 +84,9 @@ def _parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", parents=[common], help="database size, events by kind, sync peers")
     status.set_defaults(run=_status)
     status.add_argument("--json", action="store_true", help="print JSON for scripts")
+    shards = commands.add_parser("shards", parents=[common], help="the fleet's coverage claims (kind 30803) stored here")
+    shards.set_defaults(run=_shards)
+    shards.add_argument("--json", action="store_true", help="print JSON for scripts")
     changes = commands.add_parser("changes", parents=[common], help="print the change feed (every insertion and "
                                   "removal, in commit order) as JSON lines")
     changes.set_defaults(run=_changes)
@@ -320,6 +323,12 @@ def _sync(config: Config, args: argparse.Namespace) -> int:
     from relay.commands.sync import run_sync
 
     return asyncio.run(run_sync(config, args.url, args.filter, args.direction, args.frame_size, args.create))
+
+
+def _shards(config: Config, args: argparse.Namespace) -> int:
+    from relay.commands.shards import run_shards
+
+    return run_shards(config, args.json)
 
 
 def _status(config: Config, args: argparse.Namespace) -> int:

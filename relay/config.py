@@ -363,6 +363,96 @@ class SyncConfig:
                                         parse=_parse_peers)
 
 
+# --- [[shards]] and [sharding] (relay/fleet/: coverage claims, kind 30803) -----------------------------
+
+SHARD_ID_CHARS = 64
+_SHARD_ID_ALPHABET = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+@dataclass(frozen=True)
+class ShardConfig:
+    """One shard: a named NIP-01 filter whose events this node holds (`hold`) or hands over (`hold = false`).
+
+    `filter` is compact JSON with sorted keys (the claim's `filter` tag); `source` says where it was declared:
+    "shards" (a `[[shards]]` table) or "projector NAME" (a projector's `shard_id`: the filter of its kind).
+    """
+
+    id: str
+    filter: str = "{}"
+    hold: bool = True
+    source: str = "shards"
+
+
+def _shard_filter_json(name: str, table: Any) -> str:
+    """A `[[shards]]` filter table as compact JSON, once it is one a shard may have; raises ConfigError.
+
+    A shard keeps every version of a replaceable or addressable coordinate together: a filter with tags must
+    name kinds, all of them regular (a tag may differ between two versions of one coordinate).
+    """
+    import json
+
+    from relay.protocol.event import is_addressable, is_replaceable
+    from relay.protocol.filters import parse_filter
+    from relay.protocol.rejection import Rejection
+
+    if type(table) is not dict:
+        raise ConfigError(f"{name}: must be a table (one NIP-01 filter), e.g. {{kinds = [1]}}")
+    for key in table:
+        if key not in ("kinds", "authors") and not (key.startswith("#") and len(key) == 2):
+            raise ConfigError(f"{name}.{key}: a shard's filter has kinds, authors and #x tags only")
+    try:
+        parsed = parse_filter(table)
+        text = json.dumps(table, separators=(",", ":"), sort_keys=True, allow_nan=False)
+    except (ValueError, TypeError, Rejection) as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+    if parsed.is_empty():
+        raise ConfigError(f"{name}: matches no event")
+    if parsed.tags and (parsed.kinds is None or any(is_replaceable(k) or is_addressable(k) for k in parsed.kinds)):
+        raise ConfigError(f"{name}: tags are allowed only with kinds that are all regular (the versions of a "
+                          "replaceable or addressable coordinate may differ in tags, and must stay in one shard)")
+    return text
+
+
+def _parse_shards(value: Any) -> tuple[ShardConfig, ...]:
+    """`[[shards]]` tables into ShardConfigs; raises ConfigError naming `shards[i].<key>`."""
+    shards, ids = [], set()
+    for name, table in _tables(value, "shards", ("id", "filter", "hold")):
+        shard_id = table.get("id")
+        if type(shard_id) is not str or not 0 < len(shard_id) <= SHARD_ID_CHARS or \
+                not set(shard_id) <= _SHARD_ID_ALPHABET:
+            raise ConfigError(f"{name}.id: 1 to {SHARD_ID_CHARS} letters, digits, '.', '_' or '-', got {shard_id!r}")
+        if shard_id in ids:
+            raise ConfigError(f"{name}.id: {shard_id} is declared twice")
+        ids.add(shard_id)
+        if "filter" not in table:
+            raise ConfigError(f"{name}.filter: missing (give {{}} for every event: an archive node)")
+        hold = table.get("hold", True)
+        if type(hold) is not bool:
+            raise ConfigError(f"{name}.hold: expected true or false, got {hold!r}")
+        shards.append(ShardConfig(shard_id, _shard_filter_json(f"{name}.filter", table["filter"]), hold))
+    return tuple(shards)
+
+
+@dataclass(frozen=True)
+class ShardingConfig:
+    """[sharding]: how the nodes holding shards count each other's copies (counts, seconds); relay/fleet/."""
+
+    min_copies: int = key(2, "confirmed complete copies on other nodes (distinct node pubkeys) before retention or "
+                             "a handover may remove an event of a shard here", unit="nodes", min=1)
+    fleet_pubkeys: tuple[str, ...] = key((), "node pubkeys whose coverage claims count; empty: the pubkeys of "
+                                             "[[sync.peers]]", parse=_PUBKEYS)
+    claim_interval_seconds: float = key(300.0, "time between republications of this node's coverage claims",
+                                        unit="seconds", min=1.0)
+    claim_ttl_seconds: float = key(0.0, "a claim's NIP-40 expiration after its publication; 0: 3 x "
+                                        "claim_interval_seconds", unit="seconds")
+    max_clock_skew_seconds: float = key(60.0, "clock difference allowed between nodes of the fleet",
+                                        unit="seconds")
+
+    def ttl_seconds(self) -> float:
+        """`claim_ttl_seconds`, or 3 x `claim_interval_seconds` when it is 0 (seconds)."""
+        return self.claim_ttl_seconds or 3 * self.claim_interval_seconds
+
+
 # --- [negentropy] (NIP-77, relay side: relay/server/negentropy.py, relay/store/negentropy/) --------------
 
 NEG_ENVELOPE_BYTES = 512
@@ -630,16 +720,19 @@ class Config:
     rate_limits: RateLimitConfig = _section(RateLimitConfig, restart=True)
     admin: AdminConfig = _section(AdminConfig, restart=True)
     retention: RetentionConfig = _section(RetentionConfig, restart=True)
+    sharding: ShardingConfig = _section(ShardingConfig, restart=True)
     http: HttpConfig = _section(HttpConfig)
     # [[projectors]]: an array of tables, not a section; absent from the file means the built-in ones.
     # Then the [[causal_projectors]] (relay/store/projectors/causal_toml.py): one list, as the store keeps them.
     projectors: tuple[ProjectorSpec | CausalSpec, ...] = field(default_factory=builtin_projectors)
     # [[policies]]: write policies, from the file only; none by default.
     policies: tuple[PolicyConfig, ...] = ()
+    # [[shards]]: the shards this node declares, from the file only (projectors' `shard_id`s: see `shards_of`).
+    shards: tuple[ShardConfig, ...] = ()
 
 
 # top-level arrays of tables ([[projectors]]), from the file only
-_TABLE_ARRAYS = ("projectors", "policies", "causal_projectors")
+_TABLE_ARRAYS = ("projectors", "policies", "causal_projectors", "shards")
 _SQLITE_MAX_LENGTH = 1_000_000_000  # SQLite's default bound on one string or blob (bytes)
 
 
@@ -722,6 +815,9 @@ def _merge_file(values: dict[str, dict[str, Any]], data: dict[str, Any]) -> None
             continue
         if section == "causal_projectors":
             values["causal_projectors"] = _parse_causal_projectors(table)  # type: ignore[assignment]
+            continue
+        if section == "shards":
+            values["shards"] = _parse_shards(table)  # type: ignore[assignment]
             continue
         if section not in sections():
             raise ConfigError(f"{section}: unknown section")
@@ -812,7 +908,7 @@ def load_config(
                 values[section][key] = _check_value(section, key, value)
     projectors = values.get("projectors", builtin_projectors()) + values.get("causal_projectors", ())
     config = Config(**{name: cls(**values[name]) for name, cls in sections().items()},
-                    projectors=projectors, policies=values.get("policies", ()))
+                    projectors=projectors, policies=values.get("policies", ()), shards=values.get("shards", ()))
     _check_consistency(config)
     return config
 
@@ -876,6 +972,32 @@ def _check_consistency(config: Config) -> None:
                           f" + {NEG_ENVELOPE_BYTES} = {2 * neg.frame_size_limit + NEG_ENVELOPE_BYTES}")
     if neg.max_session_items < neg.max_sync_events:
         raise ConfigError("negentropy.max_session_items: must be at least negentropy.max_sync_events")
+    shards_of(config)
+
+
+def shards_of(config: Config) -> tuple[ShardConfig, ...]:
+    """Every shard this node declares: the `[[shards]]` tables, then one per `shard_id` of a projector not
+    among them (its filter: the projector's kind), in that order.
+
+    Raises:
+        ConfigError: a `shard_id` that names a `[[shards]]` table of another filter, or two projectors of
+            different kinds naming one `shard_id`.
+    """
+    found = {shard.id: shard for shard in config.shards}
+    for spec in config.projectors:
+        if spec.shard_id is None:
+            continue
+        shard = ShardConfig(spec.shard_id, f'{{"kinds":[{spec.kind:d}]}}', source=f"projector {spec.name}")
+        declared = found.setdefault(shard.id, shard)
+        if declared.filter != shard.filter:
+            raise ConfigError(f"projectors: {spec.name}.shard_id: {shard.id} is the shard of {declared.source} "
+                              f"({declared.filter}), not of kind {spec.kind}")
+    return tuple(found.values())
+
+
+def fleet_pubkeys(config: Config) -> frozenset[str]:
+    """The node pubkeys whose coverage claims count: `[sharding] fleet_pubkeys`, else the `[[sync.peers]]`'."""
+    return frozenset(config.sharding.fleet_pubkeys or (p.pubkey for p in config.sync.peers if p.pubkey))
 
 
 def worker_config(config: Config, workers: int) -> Config:

@@ -36,7 +36,7 @@ import structlog
 
 from relay.channel.frames import socket_path
 from relay.channel.writer import ChannelServer
-from relay.config import Config, ConfigError
+from relay.config import Config, ConfigError, shards_of
 from relay.hooks import hooks
 from relay.ingest import Ingest
 from relay.ingest.moderation import Moderation
@@ -54,6 +54,7 @@ from relay.store.projectors.background import build_in_background
 from relay.store.projectors.engine import ProjectorHook
 from relay.store.store import Store
 from relay.store.writes import Changes
+from relay.sync.claims import claims_forever
 from relay.sync.scheduler import Scheduler, node_key, start_sync
 
 log = structlog.get_logger(__name__)
@@ -150,8 +151,8 @@ class Node:
             raise
 
     def _start_background(self) -> None:
-        """The expiry purge, the moderation refresh, memory trim, retention and the background builds of new or
-        changed projectors (the writer's tasks)."""
+        """The expiry purge, the moderation refresh, memory trim, retention, this node's coverage claims (with
+        `[[shards]]`) and the background builds of new or changed projectors (the writer's tasks)."""
         config, store = self.config, self.store
         self._background = [asyncio.create_task(self._purge_expired_forever(), name="expiry-purge"),
                             asyncio.create_task(self.moderation.refresh_forever(), name="moderation-refresh")]
@@ -159,6 +160,11 @@ class Node:
             self._background.append(trim)
         if is_configured(config):
             self._background.append(asyncio.create_task(retention_forever(store, config), name="retention"))
+        if shards_of(config):
+            port = self.server.port if self.server is not None else config.server.port
+            url = config.server.public_url or f"ws://{config.server.host}:{port}"
+            self._background.append(asyncio.create_task(
+                claims_forever(config, store, self.ingest, lambda: self.records.node_key, url), name="claims"))
         projectors = _projector_hook(store)
         if projectors is not None and projectors.builds:  # new or changed projectors, built while serving
             self._background.append(asyncio.create_task(build_in_background(store, projectors.builds),

@@ -20,6 +20,7 @@ from relay.store.checkpoint import file_bytes, wal_bytes
 from relay.store.db import connect_readonly
 from relay.store.projectors.engine import pending_reason
 from relay.store.projectors.tables import quote, read_meta, table_exists
+from relay.sync.claims import shard_states
 from relay.sync.state import read_states
 
 
@@ -34,7 +35,8 @@ def gather_status(config: Config) -> dict:
     With worker processes running, also `"processes"`: the writer's and each
     worker's pid and start time (relay/processes.py's file).  While background
     steps of the running relay keep failing, also `"failing"`: each as
-    `{"step", "error", "attempts", "since", "retry_at"}` (relay/failing.py).
+    `{"step", "error", "attempts", "since", "retry_at"}` (relay/failing.py).  With `[[shards]]` (or projectors'
+    `shard_id`s), also `"shards"`: each as `relay.sync.claims.shard_states` gives it.
 
     Raises:
         FileNotFoundError: there is no database at `store.path`.
@@ -78,6 +80,8 @@ def status_of(conn: sqlite3.Connection, config: Config) -> dict:
         status["processes"] = processes
     if failing := read_failing(runtime):
         status["failing"] = failing
+    if shards := shard_states(conn, config):
+        status["shards"] = shards
     return status
 
 

@@ -10,8 +10,9 @@ from tests.inprocess import Relay
 from tests.served import TEST_WORKERS
 
 
-def make_config(tmp_path, **sections):
-    """A Config on `tmp_path/relay.db`, port 0, with `sections` overriding (section -> {key: value}).
+def make_config(tmp_path, toml: str = "", **sections):
+    """A Config on `tmp_path/relay.db`, port 0, with `sections` overriding (section -> {key: value}); with
+    `toml`, read from that text first (written to `tmp_path/relay.toml`: arrays of tables such as [[shards]]).
 
     Loopback clients are exempt from rate limits (tests publish thousands of events from 127.0.0.1).
     """
@@ -19,7 +20,11 @@ def make_config(tmp_path, **sections):
                  "rate_limits": {"exempt": ["127.0.0.0/8", "::1"]}}
     for section, values in sections.items():
         overrides.setdefault(section, {}).update(values)
-    return load_config(None, {}, overrides)
+    path = None
+    if toml:
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        (path := tmp_path / "relay.toml").write_text(toml)
+    return load_config(path, {}, overrides)
 
 
 @pytest.fixture

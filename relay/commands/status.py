@@ -45,6 +45,30 @@ def _processes(processes: dict | None, now: float) -> list[str]:
     return lines
 
 
+def _claim(claim: dict, now: float) -> str:
+    since = _when(claim["since"], now) if claim["since"] else "the first"
+    until = _when(claim["until"], now) if claim["until"] else "not yet"
+    return f"{claim['status']}, events created since {since}, complete up to {until}; claimed " \
+           f"{duration(claim['age_seconds'])} ago"
+
+
+def _shards(shards: list[dict], now: float) -> list[str]:
+    """The lines of the declared shards: this node's claim, the other fleet nodes', the copies they claim."""
+    lines = [f"shards: {len(shards)}"] if shards else []
+    for s in shards:
+        held = "held" if s["hold"] else "leaving: hold = false"
+        lines.append(f"  {s['id']} ({held}, filter {json.dumps(s['filter'])}, from {s['source']})")
+        lines.append(f"    this node: {_claim(s['claim'], now) if s['claim'] else 'no claim yet'}")
+        for h in s["holders"]:
+            lines.append(f"    {h['pubkey'][:16]}... {h['url']}: {_claim(h, now)}")
+        under = ", UNDER-REPLICATED: retention and handover of this shard wait" if s["under_replicated"] else ""
+        lines.append(f"    copies claimed by other nodes: {s['claimed_copies']}{under}")
+        if s["copied_key"]:
+            lines.append(f"    COPIED NODE KEY: a claim of this node's key names database instance "
+                         f"{s['copied_key']}; this shard is not claimed until one of them has its own key")
+    return lines
+
+
 def render_status(status: dict, now: float | None = None, top_kinds: int = 15) -> str:
     """The status as readable text (what `relay status` prints without --json)."""
     now = time.time() if now is None else now
@@ -79,6 +103,7 @@ def render_status(status: dict, now: float | None = None, top_kinds: int = 15) -
     for f in status.get("failing", []):
         lines.append(f"FAILING: {f['step']}: {f['attempts']} attempts since {_when(f['since'], now)}, next "
                      f"{_when(f['retry_at'], now)}; last error: {f['error']}")
+    lines.extend(_shards(status.get("shards", ()), now))
     lines.append(f"projectors: {len(status['projectors'])}" + ("" if status["projectors"] else " (none configured)"))
     for p in status["projectors"]:
         lines.append(f"  {p['name']} (kind {p['kind']}, revision {p['revision']}): {p['state']}, {p['rows']} rows, "

@@ -87,6 +87,7 @@ class CausalSpec:
     prev_tag: str = "prev"
     revision: int = 1
     protected: bool = False  # retention never removes an event of `kind` (relay/store/retention.py)
+    shard_id: str | None = None  # the shard of `kind`, held by this node (relay/fleet/)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tables", tuple((t, sql) for t, sql in self.tables))

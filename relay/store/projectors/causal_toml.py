@@ -7,6 +7,7 @@
     apply = "myapp.docs:apply"         # module:function, called as apply(conn, op) (relay/store/projectors/causal.py)
     revision = 1                       # optional; bump when apply changes
     protected = false                  # optional; retention never removes an operation
+    shard_id = "docs"                  # optional; this node holds the shard of `kind` (README, "Shards")
     [[causal_projectors.tables]]       # one or more
     name = "doc_values"
     columns = [{ name = "key", type = "TEXT" }, { name = "value", type = "TEXT" }]
@@ -28,7 +29,7 @@ from relay.store.projectors.spec import TYPES, SpecError
 from relay.store.projectors.tables import quote
 
 _IDENTIFIER = re.compile(r"[a-z][a-z0-9_]{0,62}")
-_KEYS = {"name", "kind", "log_tag", "seq_tag", "prev_tag", "tables", "apply", "revision", "protected"}
+_KEYS = {"name", "kind", "log_tag", "seq_tag", "prev_tag", "tables", "apply", "revision", "protected", "shard_id"}
 _TABLE_KEYS = {"name", "columns", "primary_key"}
 _LEADING = ("_log", "_author")  # every causal table's first columns (causal.create_tables)
 
@@ -42,11 +43,13 @@ def causal_from_dict(label: str, data: object) -> CausalSpec:
     """
     _check_keys(label, data, _KEYS, ("name", "kind", "tables", "apply"))
     for key, expected in (("name", str), ("kind", int), ("log_tag", str), ("seq_tag", str), ("prev_tag", str),
-                          ("apply", str), ("revision", int), ("protected", bool), ("tables", list)):
+                          ("apply", str), ("revision", int), ("protected", bool), ("tables", list),
+                          ("shard_id", str)):
         if key in data and type(data[key]) is not expected:
             raise SpecError(f"{label}.{key}: expected {expected.__name__}, got {data[key]!r}")
     tables = tuple(_table(f"{label}.tables[{i}]", t) for i, t in enumerate(data["tables"]))
-    optional = {k: data[k] for k in ("log_tag", "seq_tag", "prev_tag", "revision", "protected") if k in data}
+    optional = {k: data[k] for k in ("log_tag", "seq_tag", "prev_tag", "revision", "protected", "shard_id")
+                if k in data}
     try:
         return CausalSpec(name=data["name"], kind=data["kind"], tables=tables,
                           apply=resolve(f"{label}.apply", data["apply"]), **optional)

@@ -148,6 +148,7 @@ class ProjectorSpec:
     row_per_tag: str | None = None
     revision: int = 1
     protected: bool = False
+    shard_id: str | None = None  # the shard of this projector's kind, held by this node (relay/fleet/)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", tuple(
@@ -230,6 +231,8 @@ class ProjectorSpec:
             out["indexes"] = [list(ix) for ix in self.indexes]
         if self.protected:
             out["protected"] = True
+        if self.shard_id is not None:
+            out["shard_id"] = self.shard_id
         return out
 
     @classmethod
@@ -247,7 +250,8 @@ class ProjectorSpec:
             raise SpecError("projector: must be a table")
         table = data.get("table")
         label = f"projector {table!r}" if isinstance(table, str) else "projector (no table)"
-        known = {"table", "kind", "fields", "primary_key", "indexes", "row_per_tag", "revision", "protected"}
+        known = {"table", "kind", "fields", "primary_key", "indexes", "row_per_tag", "revision", "protected",
+                 "shard_id"}
         for key in data:
             if key not in known:
                 raise SpecError(f"{label}: unknown key {key!r}")
@@ -258,6 +262,8 @@ class ProjectorSpec:
         _expect(label, "kind", data["kind"], int)
         _expect(label, "revision", data.get("revision", 1), int)
         _expect(label, "protected", data.get("protected", False), bool)
+        if data.get("shard_id") is not None:
+            _expect(label, "shard_id", data["shard_id"], str)
         _expect(label, "fields", data["fields"], list)
         _expect(label, "primary_key", data["primary_key"], list)
         _expect(label, "indexes", data.get("indexes", []), list)
@@ -268,18 +274,18 @@ class ProjectorSpec:
         return cls(table=table, kind=data["kind"], fields=tuple(_field_from_dict(table, f) for f in data["fields"]),
                    primary_key=tuple(data["primary_key"]), indexes=tuple(tuple(ix) for ix in data.get("indexes", [])),
                    row_per_tag=data.get("row_per_tag"), revision=data.get("revision", 1),
-                   protected=data.get("protected", False))
+                   protected=data.get("protected", False), shard_id=data.get("shard_id"))
 
 
 def spec_hash(spec: ProjectorSpec) -> str:
-    """Hex SHA-256 of everything in the spec but its revision and `protected`, plus ENGINE_VERSION."""
-    return _hash_without(spec, ("revision", "protected"))  # protected: retention only, no row depends on it
+    """Hex SHA-256 of everything in the spec but its revision, `protected` and `shard_id`, plus ENGINE_VERSION."""
+    return _hash_without(spec, ("revision", "protected", "shard_id"))  # retention and sync only: no row depends on them
 
 
 def shape_hash(spec: ProjectorSpec) -> str:
     """Hex SHA-256 of what `spec_hash` covers but the fields and indexes: two specs of one shape differ only in
     fields and indexes (a spec that only adds fields keeps its rows: projectors/build.py)."""
-    return _hash_without(spec, ("revision", "protected", "fields", "indexes"))
+    return _hash_without(spec, ("revision", "protected", "shard_id", "fields", "indexes"))
 
 
 def _hash_without(spec: ProjectorSpec, keys: tuple[str, ...]) -> str:

@@ -1,0 +1,194 @@
+"""This node's coverage claims (kind 30803, relay/protocol/claims.py): what it says of its shards, and what it
+reads of the fleet's (README, "Shards").
+
+Every `[sharding] claim_interval_seconds`, the writer signs one claim per declared shard with the node key and
+takes it through ingest like a record (stored, fanned out, pushed to peers).  A held shard is claimed
+`complete` when no other fleet node holds it (a first holder), or once this node has completed a
+reconciliation with every node that does (`sync_peers.last_success`, by the claim's `r` URL or the peer's
+pubkey); `building` until then; a shard with `hold = false` is claimed `leaving`.  A claim of this node's key
+with another database's `instance` (a copied node key) is never overwritten: the shard goes unclaimed (its
+claims lapse, so no node counts this one as a copy) and `node_key_copied` is logged each interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import orjson
+import structlog
+
+from relay.config import Config, ShardConfig, fleet_pubkeys, shards_of
+from relay.ingest.pipeline import Ingest
+from relay.ingest.source import RECORD
+from relay.keys import NodeKey
+from relay.protocol.claims import BUILDING, CLAIM_KIND, COMPLETE, LEAVING, Claim, claim_tags, parse_claim
+from relay.store import db
+from relay.store.store import Store
+from relay.store.writes import Changes
+from relay.sync.state import read_states
+
+log = structlog.get_logger(__name__)
+
+INSTANCE_KEY = "fleet_instance"
+"""`meta` key of this database's random instance id (the claims' `instance` tag)."""
+MAX_CLAIMS = 100_000  # claims read at once: nodes x shards of a fleet, with room
+
+
+def read_claims(conn: sqlite3.Connection) -> list[Claim]:
+    """Every stored live (not expired, NIP-40) kind-30803 event that is a well-formed claim, newest first."""
+    rows = conn.execute("SELECT raw FROM events WHERE kind = ? AND (expiration IS NULL OR expiration > ?) "
+                        "ORDER BY created_at DESC, id LIMIT ?", (CLAIM_KIND, int(time.time()), MAX_CLAIMS))
+    return [claim for (raw,) in rows if (claim := parse_claim(orjson.loads(raw))) is not None]
+
+
+def read_instance(conn: sqlite3.Connection) -> str | None:
+    """This database's instance id, or None before its first claim."""
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (INSTANCE_KEY,)).fetchone()
+    return None if row is None else (row[0].decode() if isinstance(row[0], bytes) else row[0])
+
+
+def ensure_instance(conn: sqlite3.Connection, hooks: tuple) -> tuple[Changes, str]:
+    """This database's instance id, drawn (16 random bytes, hex) and stored at first use (a `Store.run_job`)."""
+    with db.transaction(conn) as cur:
+        cur.execute("INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)", (INSTANCE_KEY, secrets.token_hex(16)))
+    return Changes(), read_instance(conn)
+
+
+@dataclass(frozen=True)
+class PlannedClaim:
+    """What this node claims for `shard` now: `status`, `since` and `until` (unix seconds)."""
+
+    shard: ShardConfig
+    status: str
+    since: int
+    until: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The claims to publish, and the shards left unclaimed because a claim of this node's key names another
+    database (`copied`: shard id -> the other instance)."""
+
+    claims: tuple[PlannedClaim, ...]
+    copied: dict[str, str]
+
+
+def holders(claims: list[Claim], shard: ShardConfig, fleet: frozenset[str], exclude: str, now: int,
+            building: bool = False) -> list[Claim]:
+    """The live claims of other fleet nodes (not `exclude`) on `shard` (same id and filter), newest per node:
+    complete or leaving (a leaving node still holds its copy), and with `building` those still building too."""
+    found: dict[str, Claim] = {}
+    for claim in claims:
+        if claim.pubkey in fleet and claim.pubkey != exclude and claim.shard_id == shard.id and \
+                claim.filter == shard.filter and (building or claim.status != BUILDING) and claim.is_live(now):
+            found.setdefault(claim.pubkey, claim)
+    return list(found.values())
+
+
+def plan(config: Config, claims: list[Claim], pubkey: str, instance: str, reconciled: dict[str, int | None],
+         now: int) -> Plan:
+    """The claims this node (`pubkey`, database `instance`) publishes at `now`, given the stored `claims` and
+    `reconciled` (peer URL -> unix time of its last complete reconciliation, None: never)."""
+    fleet = fleet_pubkeys(config)
+    peer_urls = {p.pubkey: p.url for p in config.sync.peers if p.pubkey}
+    planned, copied = [], {}
+    for shard in shards_of(config):
+        ours = next((c for c in claims if c.pubkey == pubkey and c.shard_id == shard.id), None)
+        if ours is not None and ours.instance != instance:
+            copied[shard.id] = ours.instance
+            continue
+        same = ours if ours is not None and ours.filter == shard.filter else None  # a new filter: a new shard
+        since = same.since if same is not None else 0
+        others = holders(claims, shard, fleet, pubkey, now)
+        synced = [reconciled.get(c.url) or reconciled.get(peer_urls.get(c.pubkey, "")) for c in others]
+        if not others:
+            status, until = COMPLETE, now  # the only holder: complete by definition
+        elif all(synced):
+            status, until = COMPLETE, min(synced)
+        elif same is not None and same.status == COMPLETE:
+            status, until = COMPLETE, same.until  # a new holder appeared: what this node had, it still has
+        else:
+            status, until = BUILDING, 0
+        if not shard.hold:
+            status = LEAVING
+        planned.append(PlannedClaim(shard, status, since, until))
+    return Plan(tuple(planned), copied)
+
+
+def claim_event(key: NodeKey, claim: PlannedClaim, url: str, instance: str, ttl_seconds: float, now: int,
+                after: int | None) -> dict:
+    """The signed kind-30803 event of `claim`, created at `now` or just `after` the claim it replaces."""
+    created_at = now if after is None else max(now, after + 1)  # an addressable event replaces only older ones
+    tags = claim_tags(claim.shard.id, claim.shard.filter, url, instance, claim.since, claim.until, claim.status,
+                      created_at + int(ttl_seconds))
+    return key.sign_event(CLAIM_KIND, tags, "", created_at)
+
+
+async def publish_claims(config: Config, store: Store, ingest: Ingest, key: NodeKey, url: str,
+                         now: int | None = None) -> Plan:
+    """Sign and store this node's claims once (see the module docstring); returns what was planned."""
+    now = int(time.time()) if now is None else now
+    instance = await store.run_job(ensure_instance)
+    claims = await store.read_snapshot(read_claims)
+    reconciled = {s.url: s.last_success for s in await store.read_snapshot(read_states)}
+    found = plan(config, claims, key.pubkey, instance, reconciled, now)
+    for shard_id, other in found.copied.items():
+        log.error("node_key_copied", shard=shard_id, pubkey=key.pubkey, instance=instance, other_instance=other,
+                  hint="another database signs claims with this node key: give one of them its own key "
+                       "([sync] secret_key_file); this shard stays unclaimed meanwhile")
+    previous = {c.shard_id: c.created_at for c in claims if c.pubkey == key.pubkey}
+    events = [claim_event(key, c, url, instance, config.sharding.ttl_seconds(), now, previous.get(c.shard.id))
+              for c in found.claims]
+    for event, (outcome, _) in zip(events, await ingest.accept_many(events, RECORD)):
+        if not outcome.accepted:
+            log.warning("claim_refused", shard=event["tags"][0][1], reason=outcome.message)
+    return found
+
+
+async def claims_forever(config: Config, store: Store, ingest: Ingest, key: Callable[[], NodeKey],
+                         url: str) -> None:
+    """Publish this node's claims now and every `[sharding] claim_interval_seconds` until cancelled; a failed
+    round is logged and tried again at the next."""
+    while True:
+        try:
+            await publish_claims(config, store, ingest, key(), url)
+        except Exception as exc:  # the one place this task catches: log, try again next interval
+            log.error("claims_failed", error=repr(exc), exc_info=exc)
+        await asyncio.sleep(config.sharding.claim_interval_seconds)
+
+
+def shard_states(conn: sqlite3.Connection, config: Config, now: int | None = None) -> list[dict]:
+    """Each declared shard as `relay status` shows it (JSON-ready; times in unix seconds):
+    `{"id", "filter": {...}, "hold", "source", "claim": this node's claim or None, "holders": [other fleet
+    nodes' live claims on it], "claimed_copies": how many of them are complete, "under_replicated":
+    claimed_copies < [sharding] min_copies, "copied_key": the other instance when a claim of this node's key
+    names another database, else None}`; a claim as `claim_dict` gives it."""
+    now = int(time.time()) if now is None else now
+    claims, instance = read_claims(conn), read_instance(conn)
+    fleet = fleet_pubkeys(config)
+    mine = {c.pubkey for c in claims if c.instance == instance}
+    out = []
+    for shard in shards_of(config):
+        ours = next((c for c in claims if c.shard_id == shard.id and c.instance == instance), None)
+        copied = next((c.instance for c in claims if c.shard_id == shard.id and c.pubkey in mine
+                       and c.instance != instance), None)
+        others = holders(claims, shard, fleet, ours.pubkey if ours else "", now, building=True)
+        complete = sum(1 for c in others if c.status == COMPLETE)
+        out.append({"id": shard.id, "filter": orjson.loads(shard.filter), "hold": shard.hold, "source": shard.source,
+                    "claim": claim_dict(ours, now) if ours else None,
+                    "holders": [claim_dict(c, now) for c in others], "claimed_copies": complete,
+                    "under_replicated": complete < config.sharding.min_copies, "copied_key": copied})
+    return out
+
+
+def claim_dict(claim: Claim, now: int) -> dict:
+    """A claim as JSON: `{"pubkey", "url", "instance", "status", "since", "until", "age_seconds",
+    "expires_in_seconds", "id"}`."""
+    return {"pubkey": claim.pubkey, "url": claim.url, "instance": claim.instance, "status": claim.status,
+            "since": claim.since, "until": claim.until, "age_seconds": now - claim.created_at,
+            "expires_in_seconds": claim.expiration - now, "id": claim.event_id}

@@ -1,0 +1,148 @@
+"""Coverage claims (kind 30803, relay/sync/claims.py, relay/protocol/claims.py): what a node publishes for its
+shards, the status it claims, a copied node key, and what `relay status` and `relay shards` show."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from relay.keys import NodeKey
+from relay.protocol.claims import CLAIM_KIND, Claim, claim_tags, parse_claim
+from relay.sync.claims import plan, publish_claims
+from tests.conftest import make_config
+from tests.helpers import Client, Keys, eventually
+from tests.inprocess import running
+from tests.served import relay_cli_async
+
+SHARDS = """
+[sharding]
+claim_interval_seconds = 1
+claim_ttl_seconds = 30
+[[shards]]
+id = "notes"
+filter = {kinds = [1]}
+[[shards]]
+id = "reactions"
+filter = {kinds = [7], "#t" = ["x"]}
+hold = false
+"""
+OTHER = Keys(0xB0B)
+
+
+async def _claims(url: str) -> dict[str, dict]:
+    client = await Client.connect(url)
+    try:
+        return {e["tags"][0][1]: e for e in await client.req("claims", {"kinds": [CLAIM_KIND]})}
+    finally:
+        await client.close()
+
+
+def _claim(event: dict) -> Claim:
+    claim = parse_claim(event)
+    assert claim is not None, event
+    return claim
+
+
+async def test_a_node_claims_each_of_its_shards_signed_with_its_node_key(tmp_path):
+    """Alone in its fleet, a node claims its held shard `complete` up to the claim's own time, the shard it
+    hands over `leaving`; each claim carries the shard's filter, the node's URL, the database's instance and a
+    NIP-40 expiration `claim_ttl_seconds` after it.  A restart keeps the instance; claims are republished with
+    a later created_at."""
+    config = make_config(tmp_path, SHARDS)
+    async with running(config) as relay:
+        first = await eventually(lambda: _claims(relay.url))
+        key, url = relay.node.records.node_key, relay.url
+    notes, reactions = _claim(first["notes"]), _claim(first["reactions"])
+    assert (notes.status, notes.filter, notes.since, notes.until) == ("complete", '{"kinds":[1]}', 0,
+                                                                      notes.created_at)
+    assert reactions.status == "leaving" and reactions.filter == '{"#t":["x"],"kinds":[7]}'
+    assert notes.pubkey == key.pubkey and notes.url == url and len(notes.instance) == 32
+    assert notes.expiration == notes.created_at + 30
+    async with running(config) as relay:
+        async def republished():
+            claim = _claim((await _claims(relay.url))["notes"])
+            return claim if claim.created_at > notes.created_at else None
+
+        again = await eventually(republished, timeout=10)
+    assert again and again.instance == notes.instance
+
+
+def _other_claim(shard: str, filter_json: str, status: str, now: int, instance: str = "i" * 32,
+                 url: str = "ws://127.0.0.1:9", key: Keys = OTHER) -> Claim:
+    tags = claim_tags(shard, filter_json, url, instance, 0, now - 5, status, now + 60)
+    return _claim(key.sign(kind=CLAIM_KIND, tags=tags, created_at=now - 1))
+
+
+def test_a_node_joining_a_held_shard_builds_until_it_has_reconciled_with_every_holder(tmp_path):
+    """Another fleet node holds the shard: `building` until a complete reconciliation with it (by the peer's
+    URL), then `complete` up to that reconciliation's time; a claim of a key outside the fleet counts for
+    nothing; a node already complete stays complete when a newcomer appears."""
+    now = 1_800_000_000
+    toml = SHARDS + f'[[sync.peers]]\nurl = "ws://127.0.0.1:9"\npubkey = "{OTHER.pubkey}"\n'
+    config = make_config(tmp_path, toml)
+    me = NodeKey(b"\x01" * 32)
+    theirs = _other_claim("notes", '{"kinds":[1]}', "complete", now)
+    building = plan(config, [theirs], me.pubkey, "m" * 32, {}, now).claims[0]
+    assert (building.shard.id, building.status) == ("notes", "building")
+    done = plan(config, [theirs], me.pubkey, "m" * 32, {"ws://127.0.0.1:9": now - 30}, now).claims[0]
+    assert (done.status, done.until) == ("complete", now - 30)
+    stranger = _other_claim("notes", '{"kinds":[1]}', "complete", now, key=Keys(0x5))  # not in the fleet
+    alone = plan(config, [stranger], me.pubkey, "m" * 32, {}, now).claims[0]
+    assert (alone.status, alone.until) == ("complete", now)
+    mine = _claim(me.sign_event(CLAIM_KIND, claim_tags("notes", '{"kinds":[1]}', "ws://me", "m" * 32, 0, now - 9,
+                                                       "complete", now + 60), "", now - 2))
+    stays = plan(config, [mine, theirs], me.pubkey, "m" * 32, {}, now).claims[0]
+    assert (stays.status, stays.until) == ("complete", now - 9)
+    new_filter = plan(config, [theirs, _other_claim("notes", '{"kinds":[2]}', "complete", now)], me.pubkey,
+                      "m" * 32, {}, now).claims[0]
+    assert new_filter.status == "building"  # the other claim of another filter is another shard
+
+
+def test_a_claim_of_this_key_from_another_database_is_never_overwritten(tmp_path):
+    """A stored claim of this node's key naming another instance (a copied key): that shard is left unclaimed
+    (listed in `copied`), the others are claimed."""
+    now = 1_800_000_000
+    config = make_config(tmp_path, SHARDS)
+    me = NodeKey(b"\x01" * 32)
+    copy = _claim(me.sign_event(CLAIM_KIND, claim_tags("notes", '{"kinds":[1]}', "ws://copy", "c" * 32, 0, now,
+                                                       "complete", now + 60), "", now - 1))
+    found = plan(config, [copy], me.pubkey, "m" * 32, {}, now)
+    assert found.copied == {"notes": "c" * 32} and [c.shard.id for c in found.claims] == ["reactions"]
+
+
+@pytest.mark.single_process  # reads the writer's node key and publishes in the test's process
+async def test_status_and_shards_show_the_fleet_claims_and_a_copied_key(tmp_path):
+    """`relay status --json` lists each shard with this node's claim, the other nodes' and the copies they
+    claim (under `min_copies`: under-replicated); `relay shards --json` lists every live claim, whether its
+    key counts and whether it is this node's.  A claim of this key from another database shows as copied."""
+    toml = SHARDS + f'[[sync.peers]]\nurl = "ws://127.0.0.1:9"\npubkey = "{OTHER.pubkey}"\n'
+    config = make_config(tmp_path, toml)
+    async with running(config) as relay:
+        await eventually(lambda: _claims(relay.url))
+        key = relay.node.records.node_key
+        now = _claim((await _claims(relay.url))["notes"]).created_at
+        client = await Client.connect(relay.url)
+        theirs = OTHER.sign(kind=CLAIM_KIND, created_at=now, tags=claim_tags(
+            "notes", '{"kinds":[1]}', "ws://127.0.0.1:9", "o" * 32, 0, now, "complete", now + 600))
+        forged = key.sign_event(CLAIM_KIND, claim_tags("reactions", '{"#t":["x"],"kinds":[7]}', "ws://copy",
+                                                       "c" * 32, 0, now, "leaving", now + 600), "", now + 5)
+        assert [(await client.publish(e))[2] for e in (theirs, forged)] == [True, True]
+        await client.close()
+        plan_now = await publish_claims(config, relay.store, relay.node.ingest, key, relay.url)
+        assert plan_now.copied == {"reactions": "c" * 32}
+        code, out, err = await relay_cli_async("status", "--json", "--config", tmp_path / "relay.toml", "--db",
+                                               config.store.path)
+        assert code == 0, err
+        shards = {s["id"]: s for s in json.loads(out)["shards"]}
+        assert shards["notes"]["claim"]["status"] == "complete" and shards["notes"]["claimed_copies"] == 1
+        assert [h["pubkey"] for h in shards["notes"]["holders"]] == [OTHER.pubkey]
+        assert shards["notes"]["under_replicated"] and shards["reactions"]["copied_key"] == "c" * 32
+        code, out, err = await relay_cli_async("shards", "--json", "--config", tmp_path / "relay.toml", "--db",
+                                               config.store.path)
+        assert code == 0, err
+        rows = {(r["shard"], r["pubkey"], r["instance"]): r for r in json.loads(out)["claims"]}
+        ours = rows[("notes", key.pubkey, shards["notes"]["claim"]["instance"])]
+        assert ours["this_node"] and not ours["counted"]
+        assert rows[("notes", OTHER.pubkey, "o" * 32)]["counted"]
+        assert not rows[("reactions", key.pubkey, "c" * 32)]["this_node"]
