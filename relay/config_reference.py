@@ -24,18 +24,18 @@ COMMAND = "python -m relay.config_reference > docs/configuration.md"
 """The command that writes docs/configuration.md (run from the repository's root, in its venv)."""
 
 ARRAYS: tuple[tuple[str, type, str], ...] = (
-    ("[[sync.peers]]", PeerConfig, "Relays kept in sync with this one (the peers guide); none by default (restart)."),
-    ("[[retention.rules]]", RetentionRule, "Age rules of `[retention]` (the operating guide, \"Retention\"); none by "
+    ("[[sync.peers]]", PeerConfig, "Relays kept in sync with this one (docs/peers.md); none by default (restart)."),
+    ("[[retention.rules]]", RetentionRule, "Age rules of `[retention]` (docs/operating.md, \"Retention\"); none by "
                                            "default (restart)."),
     ("[[policies]]", PolicyConfig, "Write policies, run in file order on the events of their sources "
-                                   "(the moderation guide, \"Policies\"); none by default (restart)."),
-    ("[[projectors]]", ProjectorSpec, "SQL tables computed from events (the projectors guide). Absent from the file: "
+                                   "(docs/moderation.md, \"Policies\"); none by default (restart)."),
+    ("[[projectors]]", ProjectorSpec, "SQL tables computed from events (docs/projectors.md). Absent from the file: "
                                       "the four built-in ones of config/relay.toml; `projectors = []` at the top of "
                                       "the file: none. Writing any replaces the built-in ones (restart)."),
     ("fields of [[projectors]]", FieldSpec, "Each entry of a projector's `fields`: one column. Every row also has "
                                             "`_event_id`, `_pubkey` (64-char hex) and `_created_at` (unix seconds)."),
     ("[[causal_projectors]]", CausalSpec, "Ordered operation logs per (log, author), folded into tables by your "
-                                          "function (the projectors guide, \"Causal projectors\"); none by default "
+                                          "function (docs/projectors.md, \"Causal projectors\"); none by default "
                                           "(restart)."),
 )
 """The arrays of tables documented after the sections: (heading, the dataclass of one table, what it is)."""
@@ -80,7 +80,7 @@ it starts.
 
 ## Scopes
 
-With `server.workers` worker processes, each limit and budget holds as its scope says (the operating guide,
+With `server.workers` worker processes, each limit and budget holds as its scope says (docs/operating.md,
 "Limits across processes"):
 
 """
