@@ -946,7 +946,7 @@ def _check_consistency(config: Config) -> None:
 
 def worker_config(config: Config, workers: int) -> Config:
     """The configuration one of `workers` worker processes runs with: the relay-wide memory budgets divided
-    among them (README "Limits across processes").
+    among them (docs/operating.md, "Limits across processes").
 
     Each worker gets `budget // workers` of `limits.max_stored_results_bytes`, `negentropy.max_session_items`
     and `negentropy.cache_items`, but never less than one answer needs (`limits.max_query_bytes`,
