@@ -49,19 +49,66 @@ class ConfigError(ValueError):
     """A configuration key that is unknown or has a bad value; the message names it."""
 
 
+SCOPES = {
+    "per connection": "a connection lives in one worker process",
+    "per REQ/COUNT": "one REQ or COUNT",
+    "per event": "each event, from any source",
+    "per message": "each NIP-77 message sent",
+    "per NEG-OPEN": "one NIP-77 session",
+    "per HTTP request": "one plain HTTP request (not a WebSocket upgrade)",
+    "per client IP": "shared by all workers (the per-IP table in the runtime directory)",
+    "per peer": "each configured peer (peer sync runs in the writer)",
+    "per process": "each worker (and the writer) has its own",
+    "per read connection": "each read connection of each process (address space; the pages are the shared OS "
+                           "page cache)",
+    "relay-wide, divided among workers": "each gets this // server.workers, never less than one answer",
+    "relay-wide, the writer's": "one writer for the relay",
+    "relay-wide, in the database": "one for the relay, held in the database",
+}
+"""What a limit or budget counts, across `server.workers` worker processes: each scope a key may declare (`key`),
+with how it holds.  config/relay.toml heads each scope's keys of a section with it, once (`# Scope: <scope>: <how>.`)."""
+
+
 def key(default: Any, doc: str, *, unit: str = "", min: float = 0, max: float | None = None,
-        choices: tuple = (), restart: bool = False, parse: Callable[[str, Any], Any] | None = None) -> Any:
+        choices: tuple = (), restart: bool = False, parse: Callable[[str, Any], Any] | None = None,
+        scope: str = "", toml_type: str = "") -> Any:
     """One configuration key as a dataclass field: its default and every rule about it.
 
     `doc` is one line (config/relay.toml says more); `unit` names what a number
     counts ("seconds", "bytes", "events"...); a number must be >= `min` and,
     if given, <= `max`; a string must be one of `choices` if given; `restart`:
-    marked "(restart)" in config/relay.toml.  A list or table is checked by
-    `parse(name, value)`, which returns the value to keep or raises
-    ConfigError; its type then comes from the default (a tuple).
+    marked "(restart)" in config/relay.toml; `scope`: what a limit or budget
+    counts, one of SCOPES ("": not a limit or budget).  A list or table is
+    checked by `parse(name, value)`, which returns the value to keep or raises
+    ConfigError; its type then comes from the default (a tuple), and
+    `toml_type` says what the file holds ("array of kinds"), for
+    docs/configuration.md (a scalar's type comes from its default).
+
+    Raises:
+        ValueError: `scope` is not one of SCOPES, or `parse` is given without `toml_type`.
     """
+    if scope and scope not in SCOPES:
+        raise ValueError(f"unknown scope {scope!r}: one of {', '.join(SCOPES)}")
+    if parse is not None and not toml_type:
+        raise ValueError(f"a key with a parser names its toml_type ({doc!r})")
     return field(default=default, metadata={"doc": doc, "unit": unit, "min": min, "max": max, "choices": choices,
-                                            "restart": restart, "parse": parse})
+                                            "restart": restart, "parse": parse, "scope": scope,
+                                            "type": toml_type})
+
+
+def _table_key(doc: str, toml_type: str, default: Any = dataclasses.MISSING, *, unit: str = "",
+               choices: tuple = (), default_text: str = "") -> Any:
+    """One key of the tables of an array (`[[sync.peers]]`, `[[retention.rules]]`, `[[policies]]`) as a field of
+    the table's dataclass: its one-line doc, what the file holds (`toml_type`), `unit` and `choices`, for
+    docs/configuration.md; without `default` (and `default_text`, which says what a key left out means) the key
+    is required.  The array's parser checks the values."""
+    return field(default=default, metadata={"doc": doc, "type": toml_type, "unit": unit, "choices": choices,
+                                            "default": default_text})
+
+
+def _table_keys(cls: type) -> tuple[str, ...]:
+    """The keys a table of an array may hold: the fields of its dataclass (`_table_key`)."""
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 def _declared(cls: type, name: str) -> Any:
@@ -159,18 +206,20 @@ class ServerConfig:
     port: int = key(7777, "TCP port for WebSocket, NIP-11 and /health; 0 picks a free port", max=65535, restart=True)
     public_url: str = key("", "this relay's URL, as NIP-42 AUTH and NIP-62 requests to vanish must name it")
     shutdown_timeout_seconds: float = key(10.0, "on SIGINT/SIGTERM, time for connections to get their OKs and close",
-                                          unit="seconds")
+                                          unit="seconds", scope="per process")
     ping_interval_seconds: float = key(30.0, "a WebSocket ping to each client this often", unit="seconds", min=0.1)
     ping_timeout_seconds: float = key(30.0, "a client neither answering nor reading this long is closed (1011)",
                                       unit="seconds", min=0.1)
     memory_trim_seconds: float = key(30.0, "freed heap memory is handed back to the OS this often (glibc); 0: never",
-                                     unit="seconds")
+                                     unit="seconds", scope="per process")
     max_http_body_bytes: int = key(65_536, "body of one plain HTTP request (not a WebSocket upgrade) on this port; "
-                                   "larger: 413", unit="bytes", restart=True)
+                                   "larger: 413", unit="bytes", restart=True,
+                                   scope="per HTTP request")
     paths: tuple[str, ...] = key(("/",), "URL paths clients may connect to (NIP-01: one endpoint); others get 404",
-                                 restart=True, parse=_parse_paths)
+                                 restart=True, parse=_parse_paths, toml_type="array of URL paths")
     workers: int | str = key("auto", 'worker processes serving the port beside the writer; "auto": the CPUs this '
-                             "process may use, at most 8; 0: one process", restart=True, parse=_parse_workers)
+                             "process may use, at most 8; 0: one process", restart=True, parse=_parse_workers,
+                             toml_type='"auto" or integer')
     worker_nice: int = key(10, "the workers' scheduling priority below the writer's (Unix nice increment): on a "
                            "busy machine the one writer, the stage every event waits for, runs first; 0: equal",
                            unit="nice", max=19, restart=True)
@@ -190,34 +239,41 @@ class InfoConfig:
 class LimitsConfig:
     """[limits]: what one client may send and ask for (bytes, counts, seconds)."""
 
-    max_message_bytes: int = key(1_048_576, "bytes per WebSocket frame (bigger: closed 1009)", unit="bytes")
-    max_subscriptions: int = key(50, "open REQ subscriptions per connection", unit="subscriptions")
-    max_filters: int = key(20, "filters per REQ or COUNT", unit="filters")
-    max_filter_items: int = key(10_000, "entries per list (ids, authors, kinds, #x) in one filter", unit="entries")
+    max_message_bytes: int = key(1_048_576, "bytes per WebSocket frame (bigger: closed 1009)", unit="bytes",
+                                 scope="per connection")
+    max_subscriptions: int = key(50, "open REQ subscriptions per connection", unit="subscriptions",
+                                 scope="per connection")
+    max_filters: int = key(20, "filters per REQ or COUNT", unit="filters", scope="per REQ/COUNT")
+    max_filter_items: int = key(10_000, "entries per list (ids, authors, kinds, #x) in one filter", unit="entries",
+                                 scope="per REQ/COUNT")
     max_search_bytes: int = key(MAX_SEARCH_BYTES, "UTF-8 bytes of one filter's NIP-50 search (longer: invalid)",
-                                unit="bytes", min=1)
-    default_limit: int = key(500, "events per filter when a REQ gives no limit", unit="events")
-    max_limit: int = key(5_000, "events per filter at most (a larger limit is clamped)", unit="events")
+                                unit="bytes", min=1, scope="per REQ/COUNT")
+    default_limit: int = key(500, "events per filter when a REQ gives no limit", unit="events", scope="per REQ/COUNT")
+    max_limit: int = key(5_000, "events per filter at most (a larger limit is clamped)", unit="events",
+                         scope="per REQ/COUNT")
     max_event_tags: int = _declared(EventLimits, "max_tags")
     max_content_bytes: int = _declared(EventLimits, "max_content_bytes")
     max_created_at_future_seconds: int = _declared(EventLimits, "max_created_at_future_seconds")
     max_events_in_flight: int = key(1_024, "EVENTs per connection awaiting their OK before it stops being read",
-                                    unit="EVENTs")
+                                    unit="EVENTs", scope="per connection")
     max_live_queue: int = key(2_048, "live messages queued per connection before it is dropped as a slow reader",
-                              unit="messages")
+                              unit="messages", scope="per connection")
     max_live_queue_bytes: int = key(16_777_216, "bytes of live messages queued per connection before it is dropped",
-                                    unit="bytes")
-    max_query_rows: int = key(10_000, "events one REQ returns at most, all filters together", unit="events", min=1)
+                                    unit="bytes", scope="per connection")
+    max_query_rows: int = key(10_000, "events one REQ returns at most, all filters together", unit="events", min=1,
+                              scope="per REQ/COUNT")
     max_query_bytes: int = key(16_777_216, "bytes of events one REQ returns at most (the newest that fit)",
-                               unit="bytes")
-    query_timeout_seconds: float = key(5.0, "database time of one REQ or COUNT; 0: unbounded", unit="seconds")
+                               unit="bytes", scope="per REQ/COUNT")
+    query_timeout_seconds: float = key(5.0, "database time of one REQ or COUNT; 0: unbounded", unit="seconds",
+                                       scope="per REQ/COUNT")
     max_stored_results_bytes: int = key(268_435_456, "stored REQ results not yet sent, all connections together",
-                                        unit="bytes")
+                                        unit="bytes", scope="relay-wide, divided among workers")
     stored_results_timeout_seconds: float = key(
-        15.0, "a reader taking none of its stored results this long is dropped (1008)", unit="seconds", min=0.1)
+        15.0, "a reader taking none of its stored results this long is dropped (1008)", unit="seconds", min=0.1,
+        scope="per connection")
     stored_results_min_bytes_per_second: int = key(
         16_384, "a reader taking its stored results slower, over each timeout, is dropped too; 0: none",
-        unit="bytes per second")
+        unit="bytes per second", scope="per connection")
 
     def event_limits(self) -> EventLimits:
         """The per-event limits `parse_event` checks."""
@@ -241,15 +297,16 @@ class StoreConfig:
     checkpoint_mode: str = _declared(StoreOptions, "checkpoint_mode")
     checkpoint_truncate_wal_bytes: int = _declared(StoreOptions, "checkpoint_truncate_wal_bytes")
     change_log_max_entries: int = _declared(StoreOptions, "change_log_max_entries")
-    verify_threads: int = key(2, "threads checking BIP-340 signatures", unit="threads", min=1)
+    verify_threads: int = key(2, "threads checking BIP-340 signatures", unit="threads", min=1, scope="per process")
     max_projector_refusals: int = key(MAX_REFUSALS, "[[projectors]]: rows kept in the refusal log", unit="rows",
-                                      min=1)
+                                      min=1, scope="relay-wide, in the database")
     projector_rebuild_batch: int = key(REBUILD_BATCH, "[[projectors]]: events per rebuild transaction",
-                                       unit="events", min=1)
+                                       unit="events", min=1, scope="relay-wide, the writer's")
     row_change_tables: tuple[str, ...] = key((), "[[projectors]] tables whose row changes are logged for "
-                                             "`relay changes --table`", parse=_parse_names)
+                                             "`relay changes --table`", parse=_parse_names,
+                                             toml_type="array of table names", scope="relay-wide, in the database")
     projector_build_batch: int = key(BUILD_BATCH, "[[projectors]]: events per step of a build while the relay "
-                                     "serves", unit="events", min=1)
+                                     "serves", unit="events", min=1, scope="relay-wide, the writer's")
 
     def options(self, read_connections: int | None = None, relay_url: str = "") -> StoreOptions:
         """The Store's options; `read_connections` overrides the pool size (offline commands need one);
@@ -283,11 +340,16 @@ class PeerConfig:
     authenticates with it (NIP-42) is this peer (see relay/server/access.py).
     """
 
-    url: str
-    direction: str = "both"
-    filter: str = "{}"
-    pubkey: str = ""
-    nip70_events: bool = False  # take its protected events (NIP-70) although it is not their author
+    url: str = _table_key("the peer's WebSocket URL (ws:// or wss://); events from it are stored with this origin",
+                          "string")
+    direction: str = _table_key("down: fetch from it; up: push to it; both", "string", "both",
+                                choices=SYNC_DIRECTIONS)
+    filter: str = _table_key("the events kept in sync: a NIP-01 filter (TOML table or JSON string) without limit "
+                             "or search", "table or string", "{}", default_text="{} (every event)")
+    pubkey: str = _table_key("the peer node's 64-hex key: a connection that authenticates as it (NIP-42) is this "
+                             "peer; \"\": unknown", "string", "")
+    nip70_events: bool = _table_key("take its protected events (NIP-70) although it is not their author",
+                                    "boolean", False)
 
 
 def _parse_peers(name: str, value: Any) -> tuple[PeerConfig, ...]:
@@ -299,7 +361,7 @@ def _parse_peers(name: str, value: Any) -> tuple[PeerConfig, ...]:
     from relay.protocol.rejection import Rejection
 
     peers, urls = [], set()
-    for name, table in _tables(value, name, ("url", "direction", "filter", "pubkey", "nip70_events")):
+    for name, table in _tables(value, name, _table_keys(PeerConfig)):
         url = table.get("url")
         if type(url) is not str or not url.startswith(("ws://", "wss://")):
             raise ConfigError(f"{name}.url: must be a ws:// or wss:// URL, got {url!r}")
@@ -347,11 +409,13 @@ class SyncConfig:
                                    "store.path + .key beside it", restart=True)
     interval_seconds: float = key(300.0, "time between full reconciliations with each configured peer",
                                   unit="seconds", min=0.1)
-    frame_size_limit: int = key(60_000, "bytes per negentropy message we send", unit="bytes", min=MIN_FRAME_SIZE_LIMIT)
-    fetch_batch: int = key(500, "event ids per REQ when fetching what we lack", unit="ids", min=1)
-    fetch_in_flight: int = key(2, "fetch REQs awaiting their EOSE at once", unit="REQs", min=1)
-    push_in_flight: int = key(500, "EVENTs sent to a peer awaiting their OK at once", unit="EVENTs", min=1)
-    live_queue: int = key(10_000, "events received live from one peer waiting to be stored", unit="events", min=1)
+    frame_size_limit: int = key(60_000, "bytes per negentropy message we send", unit="bytes", min=MIN_FRAME_SIZE_LIMIT,
+                                scope="per message")
+    fetch_batch: int = key(500, "event ids per REQ when fetching what we lack", unit="ids", min=1, scope="per peer")
+    fetch_in_flight: int = key(2, "fetch REQs awaiting their EOSE at once", unit="REQs", min=1, scope="per peer")
+    push_in_flight: int = key(500, "EVENTs sent to a peer awaiting their OK at once", unit="EVENTs", min=1, scope="per peer")
+    live_queue: int = key(10_000, "events received live from one peer waiting to be stored", unit="events", min=1,
+                              scope="per peer")
     timeout_seconds: float = key(30.0, "time without any message from a peer before a pending request fails",
                                  unit="seconds", min=0.1)
     connect_timeout_seconds: float = key(10.0, "time to open the WebSocket to a peer", unit="seconds", min=0.1)
@@ -360,10 +424,10 @@ class SyncConfig:
     backoff_max_seconds: float = key(300.0, "longest wait before reconnecting", unit="seconds", min=0.01)
     lease_seconds: float = key(60.0, "how long a process holds its claim on a peer", unit="seconds", min=1.0)
     peers: tuple[PeerConfig, ...] = key((), "relays to keep in sync with ([[sync.peers]] tables)", restart=True,
-                                        parse=_parse_peers)
+                                        parse=_parse_peers, toml_type="array of tables ([[sync.peers]])")
 
 
-# --- [[shards]] and [sharding] (relay/fleet/: coverage claims, kind 30803) -----------------------------
+# --- [[shards]] and [sharding] (relay/sync/claims.py: coverage claims, kind 30803) -------------------
 
 SHARD_ID_CHARS = 64
 _SHARD_ID_ALPHABET = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
@@ -371,16 +435,15 @@ _SHARD_ID_ALPHABET = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV
 
 @dataclass(frozen=True)
 class ShardConfig:
-    """One shard: a named NIP-01 filter whose events this node holds (`hold`) or hands over (`hold = false`).
-
-    `filter` is compact JSON with sorted keys (the claim's `filter` tag); `source` says where it was declared:
-    "shards" (a `[[shards]]` table) or "projector NAME" (a projector's `shard_id`: the filter of its kind).
+    """One `[[shards]]` table, or a projector's `shard_id`: a named NIP-01 filter whose events this node holds
+    (`hold`) or hands over (`hold = false`); `filter` is compact JSON with sorted keys (the claim's `filter` tag).
     """
 
-    id: str
-    filter: str = "{}"
-    hold: bool = True
-    source: str = "shards"
+    id: str = _table_key("the shard's name: 1 to 64 letters, digits, '.', '_' or '-' (the claim's d tag)", "string")
+    filter: str = _table_key("one NIP-01 filter: kinds, authors and #x tags (tags only with regular kinds); {}: "
+                             "every event (an archive node)", "table")
+    hold: bool = _table_key("false: hand the shard over (serve it until other nodes hold enough copies, then "
+                            "remove it)", "boolean", True)
 
 
 def _shard_filter_json(name: str, table: Any) -> str:
@@ -416,7 +479,7 @@ def _shard_filter_json(name: str, table: Any) -> str:
 def _parse_shards(value: Any) -> tuple[ShardConfig, ...]:
     """`[[shards]]` tables into ShardConfigs; raises ConfigError naming `shards[i].<key>`."""
     shards, ids = [], set()
-    for name, table in _tables(value, "shards", ("id", "filter", "hold")):
+    for name, table in _tables(value, "shards", _table_keys(ShardConfig)):
         shard_id = table.get("id")
         if type(shard_id) is not str or not 0 < len(shard_id) <= SHARD_ID_CHARS or \
                 not set(shard_id) <= _SHARD_ID_ALPHABET:
@@ -435,12 +498,12 @@ def _parse_shards(value: Any) -> tuple[ShardConfig, ...]:
 
 @dataclass(frozen=True)
 class ShardingConfig:
-    """[sharding]: how the nodes holding shards count each other's copies (counts, seconds); relay/fleet/."""
+    """[sharding]: how the nodes holding shards count each other's copies (counts, seconds); relay/sync/claims.py."""
 
     min_copies: int = key(2, "confirmed complete copies on other nodes (distinct node pubkeys) before retention or "
                              "a handover may remove an event of a shard here", unit="nodes", min=1)
     fleet_pubkeys: tuple[str, ...] = key((), "node pubkeys whose coverage claims count; empty: the pubkeys of "
-                                             "[[sync.peers]]", parse=_PUBKEYS)
+                                             "[[sync.peers]]", parse=_PUBKEYS, toml_type="array of 64-hex pubkeys")
     claim_interval_seconds: float = key(300.0, "time between republications of this node's coverage claims",
                                         unit="seconds", min=1.0)
     claim_ttl_seconds: float = key(0.0, "a claim's NIP-40 expiration after its publication; 0: 3 x "
@@ -488,19 +551,21 @@ class NegentropyConfig:
 
     enabled: bool = key(True, "answer NEG-* and keep the index")
     frame_size_limit: int = key(500_000, "bytes per negentropy message we send", unit="bytes",
-                                min=MIN_FRAME_SIZE_LIMIT)
-    max_sync_events: int = key(1_000_000, "events at most in one NEG-OPEN answered from a query", unit="events")
+                                min=MIN_FRAME_SIZE_LIMIT, scope="per message")
+    max_sync_events: int = key(1_000_000, "events at most in one NEG-OPEN answered from a query", unit="events",
+                                scope="per NEG-OPEN")
     max_session_items: int = key(4_000_000, "items held in memory by all open NEG-OPEN sessions together",
-                                 unit="items")
-    max_sessions_per_connection: int = key(8, "open NEG-OPEN sessions per connection", unit="sessions", min=1)
+                                 unit="items", scope="relay-wide, divided among workers")
+    max_sessions_per_connection: int = key(8, "open NEG-OPEN sessions per connection", unit="sessions", min=1,
+                                              scope="per connection")
     idle_timeout_seconds: float = key(60.0, "time without a NEG-MSG before a session is closed", unit="seconds",
                                       min=0.1)
     cache_items: int = key(2_000_000, "indexed items kept decoded in memory, for all sessions together",
-                           unit="items")
+                           unit="items", scope="relay-wide, divided among workers")
     filters: tuple[dict, ...] = key((), "filters indexed in the write transaction besides the full set",
-                                    parse=_parse_negentropy_filters)
+                                    parse=_parse_negentropy_filters, toml_type="array of filter tables")
     protected_filters: tuple[dict, ...] = key((), "filters indexed like `filters`, never evicted by [retention]",
-                                              parse=_parse_negentropy_filters)
+                                              parse=_parse_negentropy_filters, toml_type="array of filter tables")
 
 
 # --- [search] (NIP-50: relay/store/search/, relay/protocol/search.py) -------------------------------------
@@ -512,7 +577,8 @@ class SearchConfig:
 
     enabled: bool = key(True, "keep the full-text index and answer NIP-50 search filters")
     kinds: tuple[int, ...] = key(DEFAULT_SEARCH_KINDS, "kinds indexed (0: profile name, display_name, about, nip05;"
-                                 " 30023: title, summary, content; others: content)", parse=_KINDS)
+                                 " 30023: title, summary, content; others: content)", parse=_KINDS,
+                                 toml_type="array of kinds")
 
 
 # --- [auth] and [rate_limits] (NIP-42 and access control: relay/server/access.py, relay/server/ratelimit.py) ---
@@ -528,27 +594,33 @@ class AuthConfig:
     max_age_seconds: int = key(600, "how far an AUTH event's created_at may be from the relay's clock",
                                unit="seconds")
     write: str = key("all", "who may publish", choices=WRITE_MODES)
-    write_pubkeys: tuple[str, ...] = key((), "64-hex pubkeys for write = listed / authenticated", parse=_PUBKEYS)
-    allow_kinds: tuple[int, ...] = key((), "kinds accepted from clients; []: every kind", parse=_KINDS)
-    deny_kinds: tuple[int, ...] = key((), "kinds refused from clients", parse=_KINDS)
+    write_pubkeys: tuple[str, ...] = key((), "64-hex pubkeys for write = listed / authenticated", parse=_PUBKEYS,
+                                         toml_type="array of 64-hex pubkeys")
+    allow_kinds: tuple[int, ...] = key((), "kinds accepted from clients; []: every kind", parse=_KINDS,
+                                       toml_type="array of kinds")
+    deny_kinds: tuple[int, ...] = key((), "kinds refused from clients", parse=_KINDS,
+                                      toml_type="array of kinds")
     private_kinds: tuple[int, ...] = key((4, 1059), "kinds served only to their author or a p-tagged recipient",
-                                         parse=_KINDS)
+                                         parse=_KINDS, toml_type="array of kinds")
 
 
 def _rate(rate: float, what: str) -> Any:
     """The key of a per-connection token bucket's rate: `what` per second."""
-    return key(rate, f"{what} per second per connection; 0: no limit", unit=f"{what} per second")
+    return key(rate, f"{what} per second per connection; 0: no limit", unit=f"{what} per second",
+               scope="per connection")
 
 
 def _burst(burst: int, what: str) -> Any:
     """The key of a per-connection token bucket's size: `what` at once; a bucket holds at least one token."""
-    return key(burst, f"{what} at once per connection before the rate applies", unit=what, min=1)
+    return key(burst, f"{what} at once per connection before the rate applies", unit=what, min=1,
+               scope="per connection")
 
 
 def _per_ip(default: float, per_connection: Any) -> Any:
-    """The per-client-IP twin of the `per_connection` key (a field): the same rules, its own default."""
+    """The per-client-IP twin of the `per_connection` key (a field): the same rules, its own default and scope."""
     rules = per_connection.metadata
-    return field(default=default, metadata={**rules, "doc": rules["doc"].replace("per connection", "per client IP")})
+    return field(default=default, metadata={**rules, "doc": rules["doc"].replace("per connection", "per client IP"),
+                                            "scope": "per client IP"})
 
 
 @dataclass(frozen=True)
@@ -573,15 +645,18 @@ class RateLimitConfig:
     ip_neg_opens_per_second: float = _per_ip(5.0, neg_opens_per_second)
     ip_neg_opens_burst: int = _per_ip(20, neg_opens_burst)
     ip_stored_results_bytes: int = key(67_108_864, "unsent REQ results of one IP's connections together; 0: no bound",
-                                       unit="bytes")
-    ip_connections: int = key(100, "connections open at once from one IP; 0: no bound", unit="connections")
-    exempt: tuple[str, ...] = key((), "client IPs or networks never limited", parse=_NETWORKS)
+                                       unit="bytes", scope="per client IP")
+    ip_connections: int = key(100, "connections open at once from one IP; 0: no bound", unit="connections",
+                                scope="per client IP")
+    exempt: tuple[str, ...] = key((), "client IPs or networks never limited", parse=_NETWORKS,
+                                  toml_type="array of IPs or networks")
     exempt_loopback: bool = key(True, "a loopback client (127.0.0.0/8, ::1) is not limited, unless its request "
                                 "carries X-Forwarded-For or Forwarded (a proxy on this host)")
     trusted_pubkeys: tuple[str, ...] = key((), "64-hex pubkeys not limited once a connection authenticates as one "
-                                           "(NIP-42); NIP-86 trustpubkey adds more", parse=_PUBKEYS)
+                                           "(NIP-42); NIP-86 trustpubkey adds more", parse=_PUBKEYS,
+                                           toml_type="array of 64-hex pubkeys")
     trusted_proxies: tuple[str, ...] = key((), "reverse proxies whose X-Forwarded-For names the client IP",
-                                           parse=_NETWORKS)
+                                           parse=_NETWORKS, toml_type="array of IPs or networks")
 
 
 # --- [admin] (NIP-86 management API: relay/server/management.py; moderation: relay/ingest/moderation.py) ---
@@ -592,12 +667,12 @@ class AdminConfig:
     """[admin]: who may manage the relay over NIP-86 (64-hex pubkeys), and how bans remove (seconds, events)."""
 
     pubkeys: tuple[str, ...] = key((), "64-hex pubkeys whose NIP-98 signed requests may call the NIP-86 API; []: "
-                                   "no API", parse=_PUBKEYS)
+                                   "no API", parse=_PUBKEYS, toml_type="array of 64-hex pubkeys")
     auth_max_age_seconds: int = key(60, "how far a NIP-98 auth event's created_at may be from the relay's clock",
                                     unit="seconds", min=1)
     purge_on_ban: bool = key(False, "banning a pubkey also removes its stored events (in batches)")
     purge_batch_size: int = key(500, "events removed per transaction when a banned pubkey's events are purged",
-                                unit="events", min=1)
+                                unit="events", min=1, scope="relay-wide, the writer's")
     refresh_seconds: float = key(1.0, "how often a running relay reads bans made by `relay ban` in another process",
                                  unit="seconds", min=0.05)
 
@@ -610,8 +685,8 @@ class RetentionRule:
     """One `[[retention.rules]]` table: events of `kinds` (empty: every kind) older than `max_age_days`
     (by created_at) are removed."""
 
-    max_age_days: float
-    kinds: tuple[int, ...] = ()
+    max_age_days: float = _table_key("events whose created_at is older are removed", "number", unit="days")
+    kinds: tuple[int, ...] = _table_key("the kinds the rule removes; []: every kind", "array of kinds", ())
 
 
 def _parse_retention_rules(name: str, value: Any) -> tuple[RetentionRule, ...]:
@@ -619,7 +694,7 @@ def _parse_retention_rules(name: str, value: Any) -> tuple[RetentionRule, ...]:
     from relay.protocol.event import MAX_KIND
 
     rules = []
-    for name, table in _tables(value, name, ("kinds", "max_age_days")):
+    for name, table in _tables(value, name, _table_keys(RetentionRule)):
         age = table.get("max_age_days")
         if type(age) not in (int, float) or not age > 0:
             raise ConfigError(f"{name}.max_age_days: must be a number of days > 0, got {age!r}")
@@ -635,9 +710,12 @@ class RetentionConfig:
     """[retention]: removing old events (days, seconds, counts)."""
 
     interval_seconds: float = key(3600.0, "time between retention runs", unit="seconds", min=0.01)
-    batch_size: int = key(100, "events read per retention transaction", unit="events", min=1)
-    max_events: int = key(0, "events stored at most, the oldest removed first; 0: no maximum", unit="events")
-    rules: tuple[RetentionRule, ...] = key((), "age rules ([[retention.rules]] tables)", parse=_parse_retention_rules)
+    batch_size: int = key(100, "events read per retention transaction", unit="events", min=1,
+                          scope="relay-wide, the writer's")
+    max_events: int = key(0, "events stored at most, the oldest removed first; 0: no maximum", unit="events",
+                          scope="relay-wide, in the database")
+    rules: tuple[RetentionRule, ...] = key((), "age rules ([[retention.rules]] tables)", parse=_parse_retention_rules,
+                                         toml_type="array of tables ([[retention.rules]])")
 
 
 # --- [[policies]] (relay/ingest/policies.py, relay/policies/) ------------------------------------------------
@@ -656,19 +734,24 @@ class PolicyConfig:
     command's first word).
     """
 
-    name: str
-    call: str = ""
-    command: tuple[str, ...] = ()
-    options: dict = field(default_factory=dict)
-    sources: tuple[str, ...] = ("client",)
-    timeout_seconds: float = 0.5
+    name: str = _table_key("names the policy in logs and metrics", "string",
+                           default_text="call, or the command's program")
+    call: str = _table_key('"module:function": a Python policy, or with options the factory returning it; give '
+                           "either call or command", "string", "")
+    command: tuple[str, ...] = _table_key("instead of call: a strfry write-policy plugin, run by the relay",
+                                          "array of strings (the program, its arguments)", ())
+    options: dict = field(default_factory=dict, metadata={
+        "doc": "keyword arguments of call's factory", "type": "table", "unit": "", "choices": (), "default": "{}"})
+    sources: tuple[str, ...] = _table_key("the events it judges", "array of sources", ("client",),
+                                          choices=POLICY_SOURCES)
+    timeout_seconds: float = _table_key("time budget per event; past it the event is refused with error:",
+                                        "number", 0.5, unit="seconds")
 
 
 def _parse_policies(value: Any) -> tuple[PolicyConfig, ...]:
     """`[[policies]]` tables into PolicyConfigs; raises ConfigError naming `policies[i].<key>`."""
     policies = []
-    for name, table in _tables(value, "policies", ("name", "call", "command", "options", "sources",
-                                                   "timeout_seconds")):
+    for name, table in _tables(value, "policies", _table_keys(PolicyConfig)):
         call, command, options = table.get("call", ""), table.get("command", []), table.get("options", {})
         if bool(call) == bool(command):
             raise ConfigError(f"{name}: give either call or command")
@@ -701,7 +784,7 @@ class HttpConfig:
     tables: bool = key(False, "GET /tables and /tables/NAME: projected tables' rows as JSON, read-only",
                        restart=True)
     tables_max_limit: int = key(1000, "GET /tables/NAME: rows of one page at most (a larger limit is clamped)",
-                                unit="rows", min=1, restart=True)
+                                unit="rows", min=1, restart=True, scope="per HTTP request")
 
 
 @dataclass(frozen=True)
@@ -987,11 +1070,11 @@ def shards_of(config: Config) -> tuple[ShardConfig, ...]:
     for spec in config.projectors:
         if spec.shard_id is None:
             continue
-        shard = ShardConfig(spec.shard_id, f'{{"kinds":[{spec.kind:d}]}}', source=f"projector {spec.name}")
+        shard = ShardConfig(spec.shard_id, f'{{"kinds":[{spec.kind:d}]}}')
         declared = found.setdefault(shard.id, shard)
         if declared.filter != shard.filter:
-            raise ConfigError(f"projectors: {spec.name}.shard_id: {shard.id} is the shard of {declared.source} "
-                              f"({declared.filter}), not of kind {spec.kind}")
+            raise ConfigError(f"projectors: {spec.name}.shard_id: {shard.id} is the shard of {declared.filter}, "
+                              f"not of kind {spec.kind}")
     return tuple(found.values())
 
 
@@ -1002,7 +1085,7 @@ def fleet_pubkeys(config: Config) -> frozenset[str]:
 
 def worker_config(config: Config, workers: int) -> Config:
     """The configuration one of `workers` worker processes runs with: the relay-wide memory budgets divided
-    among them (README "Limits across processes").
+    among them (docs/operating.md, "Limits across processes").
 
     Each worker gets `budget // workers` of `limits.max_stored_results_bytes`, `negentropy.max_session_items`
     and `negentropy.cache_items`, but never less than one answer needs (`limits.max_query_bytes`,

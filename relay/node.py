@@ -59,7 +59,7 @@ from relay.sync.scheduler import Scheduler, node_key, start_sync
 
 log = structlog.get_logger(__name__)
 
-STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}  # `relay serve` stops cleanly on either (README "Shutdown")
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}  # `relay serve` stops cleanly on either (docs/operating.md, "Shutdown")
 _SWITCH_INTERVAL_SECONDS = 0.0005
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 _MMAP_THRESHOLD_BYTES = 1_048_576

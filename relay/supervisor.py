@@ -10,7 +10,7 @@ leases), then the local channel (relay/channel/writer.py) on the runtime
 directory's `writer.sock`, then `count` worker processes (relay/worker.py),
 and logs `relay_started` once each of them listens.
 
-What the processes share (README "Limits across processes"): before any
+What the processes share (docs/operating.md, "Limits across processes"): before any
 worker starts, the writer makes the metrics directory (prometheus-client's
 multiprocess files, which the workers inherit through the environment) and
 the per-IP rate-limit table (relay/server/iptable.py) in the runtime

@@ -23,7 +23,7 @@ TEST_WORKERS = os.environ.get("RELAY_TEST_WORKERS", "0")
 
 
 def healthy(body: bytes) -> bool:
-    """True for the body of a 200 `GET /health` in the mode the tests run in (README: Processes): `ok` with
+    """True for the body of a 200 `GET /health` in the mode the tests run in (docs/operating.md, "Processes"): `ok` with
     workers = 0; with TEST_WORKERS > 0, the answering worker's `{"writer": "ok", "workers": N, "worker": i}`."""
     count = int(TEST_WORKERS)
     if count == 0:

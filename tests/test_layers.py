@@ -19,7 +19,7 @@ RELAY = Path(relay.__file__).parent
 LAYERS: list[set[str]] = [
     {"relay", "protocol", "logging", "runtime", "processes", "failing"},  # "relay": relay/__init__.py
     {"store"},
-    {"config"},
+    {"config", "config_reference"},  # config_reference: docs/configuration.md from the keys' declarations
     {"keys"},
     {"policies"},  # write policies and the strfry plugin protocol, run by ingest
     {"ingest"},

@@ -1,4 +1,4 @@
-"""Stopping `relay serve` (README "Shutdown"): Ctrl-C at any moment of its start-up, and a stop while a
+"""Stopping `relay serve` (docs/operating.md, "Shutdown"): Ctrl-C at any moment of its start-up, and a stop while a
 command writes through its writer.  Real `relay serve` and `relay import` subprocesses, no mocks.
 """
 

@@ -72,10 +72,10 @@ def test_a_projector_shard_id_declares_the_shard_of_its_kind(tmp_path):
     """A projector's `shard_id` is a held shard of its kind; naming a `[[shards]]` table of that filter is the
     same shard; of another filter, refused."""
     config = _load(tmp_path, PROJECTOR.format(shard="notes"))
-    assert shards_of(config) == (ShardConfig("notes", '{"kinds":[1]}', source="projector notes"),)
+    assert shards_of(config) == (ShardConfig("notes", '{"kinds":[1]}'),)
     same = _load(tmp_path, PROJECTOR.format(shard="n") + '[[shards]]\nid = "n"\nfilter = {kinds = [1]}\n')
     assert shards_of(same) == (ShardConfig("n", '{"kinds":[1]}'),)
-    with pytest.raises(ConfigError, match="notes.shard_id: n is the shard of shards"):
+    with pytest.raises(ConfigError, match='notes.shard_id: n is the shard of {"kinds":\\[7\\]}, not of kind 1'):
         _load(tmp_path, PROJECTOR.format(shard="n") + '[[shards]]\nid = "n"\nfilter = {kinds = [7]}\n')
 
 

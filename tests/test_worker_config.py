@@ -1,4 +1,4 @@
-"""`worker_config`: the relay-wide memory budgets divided among worker processes (README "Limits across processes")."""
+"""`worker_config`: the relay-wide memory budgets divided among worker processes (docs/operating.md, "Limits across processes")."""
 
 from __future__ import annotations
 

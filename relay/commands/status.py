@@ -57,7 +57,7 @@ def _shards(shards: list[dict], now: float) -> list[str]:
     lines = [f"shards: {len(shards)}"] if shards else []
     for s in shards:
         held = "held" if s["hold"] else "leaving: hold = false"
-        lines.append(f"  {s['id']} ({held}, filter {json.dumps(s['filter'])}, from {s['source']})")
+        lines.append(f"  {s['id']} ({held}, filter {json.dumps(s['filter'])})")
         lines.append(f"    this node: {_claim(s['claim'], now) if s['claim'] else 'no claim yet'}")
         for h in s["holders"]:
             lines.append(f"    {h['pubkey'][:16]}... {h['url']}: {_claim(h, now)}")

@@ -66,14 +66,14 @@ class EventLimits:
 
     They are the `[limits]` keys max_event_tags, max_content_bytes and
     max_created_at_future_seconds: default and rules are written here once, in
-    field metadata that relay/config.py reads.
+    field metadata that relay/config.py reads (scope: one of relay.config.SCOPES).
     """
 
-    max_tags: int = field(default=10_000, metadata={"doc": "tags per event", "unit": "tags"})
+    max_tags: int = field(default=10_000, metadata={"doc": "tags per event", "unit": "tags", "scope": "per event"})
     max_content_bytes: int = field(default=262_144, metadata={
-        "doc": "bytes of content per event (UTF-8)", "unit": "bytes"})
+        "doc": "bytes of content per event (UTF-8)", "unit": "bytes", "scope": "per event"})
     max_created_at_future_seconds: int = field(default=900, metadata={
-        "doc": "how far created_at may be ahead of the relay's clock", "unit": "seconds"})
+        "doc": "how far created_at may be ahead of the relay's clock", "unit": "seconds", "scope": "per event"})
 
 
 @dataclass(slots=True, eq=False)

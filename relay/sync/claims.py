@@ -164,7 +164,7 @@ async def claims_forever(config: Config, store: Store, ingest: Ingest, key: Call
 
 def shard_states(conn: sqlite3.Connection, config: Config, now: int | None = None) -> list[dict]:
     """Each declared shard as `relay status` shows it (JSON-ready; times in unix seconds):
-    `{"id", "filter": {...}, "hold", "source", "claim": this node's claim or None, "holders": [other fleet
+    `{"id", "filter": {...}, "hold", "claim": this node's claim or None, "holders": [other fleet
     nodes' live claims on it], "claimed_copies": how many of them are complete, "under_replicated":
     claimed_copies < [sharding] min_copies, "copied_key": the other instance when a claim of this node's key
     names another database, else None}`; a claim as `claim_dict` gives it."""
@@ -179,7 +179,7 @@ def shard_states(conn: sqlite3.Connection, config: Config, now: int | None = Non
                        and c.instance != instance), None)
         others = holders(claims, shard, fleet, ours.pubkey if ours else "", now, building=True)
         complete = sum(1 for c in others if c.status == COMPLETE)
-        out.append({"id": shard.id, "filter": orjson.loads(shard.filter), "hold": shard.hold, "source": shard.source,
+        out.append({"id": shard.id, "filter": orjson.loads(shard.filter), "hold": shard.hold,
                     "claim": claim_dict(ours, now) if ours else None,
                     "holders": [claim_dict(c, now) for c in others], "claimed_copies": complete,
                     "under_replicated": complete < config.sharding.min_copies, "copied_key": copied})

@@ -120,7 +120,7 @@ def test_both_containers_report_healthy(pair):
 
 
 def test_relay_key_in_each_container_is_its_compose_secret(pair):
-    """`docker compose exec SERVICE relay key` prints the pubkey of the service's compose secret (README)."""
+    """`docker compose exec SERVICE relay key` prints the pubkey of the service's compose secret (docs/peers.md, "Fleets")."""
     compose = read_compose()
     for service, spec in compose["services"].items():
         (secret,) = spec["secrets"]

@@ -73,14 +73,14 @@ def test_the_commented_examples_in_relay_toml_load(tmp_path):
     Policies.load(config.policies).close()
 
 
-async def test_the_readme_example_policy_works_as_written(tmp_path, monkeypatch, alice):
-    """README "Policies": the module and its [[policies]] table, copied as they are, load and judge."""
+async def test_the_guide_example_policy_works_as_written(tmp_path, monkeypatch, alice):
+    """docs/moderation.md "Policies": the module and its [[policies]] table, copied as they are, load and judge."""
     from relay.ingest import Source
     from relay.protocol.event import EventLimits, parse_event
 
-    readme = (RELAY_TOML.parents[1] / "README.md").read_text()
-    module = readme.split("```python\n# myrelay_policies.py", 1)[1].split("```", 1)[0].partition("\n")[2]
-    table = readme.split("```toml\n[[policies]]\ncall = \"myrelay_policies:no_spam\"", 1)[1].split("```", 1)[0]
+    guide = (RELAY_TOML.parents[1] / "docs" / "moderation.md").read_text()
+    module = guide.split("```python\n# myrelay_policies.py", 1)[1].split("```", 1)[0].partition("\n")[2]
+    table = guide.split("```toml\n[[policies]]\ncall = \"myrelay_policies:no_spam\"", 1)[1].split("```", 1)[0]
     (tmp_path / "myrelay_policies.py").write_text(module)
     monkeypatch.syspath_prepend(str(tmp_path))
     config = load(tmp_path, '[[policies]]\ncall = "myrelay_policies:no_spam"' + table)

@@ -327,7 +327,7 @@ async def test_a_refused_handshake_is_answered_as_the_routes_answer(relay, field
     (b"Upgrade: websocket\r\n", b"upgrade required: missing Connection header"),
 ], ids=["upgrade-foo", "no-connection"])
 async def test_a_426_from_websockets_says_upgrade_required_in_one_line(relay, fields, reason):
-    """websockets answers these 426 itself: the prefix of a 426 (`upgrade required: `, as the README lists), one
+    """websockets answers these 426 itself: the prefix of a 426 (`upgrade required: `, as docs/operating.md lists), one
     line (its second, for browsers, dropped); they said `invalid: ` over two lines."""
     answer = await _raw(relay.port, b"GET / HTTP/1.1\r\nHost: relay\r\n" + fields
                         + b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")

@@ -40,7 +40,7 @@ import re
 import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 
@@ -78,16 +78,27 @@ class CausalSpec:
         SpecError: an invalid name, kind (must be regular), table or tag name.
     """
 
-    name: str
-    kind: int
-    tables: tuple[tuple[str, str], ...]
-    apply: Callable[[sqlite3.Connection, Operation], None]
-    log_tag: str = "log"
-    seq_tag: str = "seq"
-    prev_tag: str = "prev"
-    revision: int = 1
-    protected: bool = False  # retention never removes an event of `kind` (relay/store/retention.py)
-    shard_id: str | None = None  # the shard of `kind`, held by this node (relay/fleet/)
+    # Field metadata: each key of a `[[causal_projectors]]` table (docs/configuration.md).
+    name: str = field(metadata={"doc": "the projector's name (lowercase SQL identifier)", "type": "string"})
+    kind: int = field(metadata={"doc": "a regular kind: its events are the operations", "type": "integer"})
+    tables: tuple[tuple[str, str], ...] = field(metadata={
+        "doc": "[[causal_projectors.tables]]: name, columns = [{ name, type }], primary_key (optional); each "
+               "table also gets the columns _log and _author first", "type": "array of tables"})
+    apply: Callable[[sqlite3.Connection, Operation], None] = field(metadata={
+        "doc": "module:function, called as function(conn, op) in the write transaction for each operation of the "
+               "applied chain, in order; imported when the configuration loads", "type": "string"})
+    log_tag: str = field(default="log", metadata={"doc": "the tag naming the log", "type": "string"})
+    seq_tag: str = field(default="seq", metadata={
+        "doc": "the tag holding the position (decimal, 0 first)", "type": "string"})
+    prev_tag: str = field(default="prev", metadata={
+        "doc": "the tag holding the previous operation's id", "type": "string"})
+    revision: int = field(default=1, metadata={
+        "doc": "bump when apply changes: the tables are rebuilt at the next start", "type": "integer"})
+    protected: bool = field(default=False, metadata={  # relay/store/retention.py
+        "doc": "retention never removes an operation (an event of kind)", "type": "boolean"})
+    shard_id: str | None = field(default=None, metadata={
+        "doc": "the shard of kind, held by this node (docs/peers.md, \"Shards\")", "type": "string",
+        "default": "none"})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tables", tuple((t, sql) for t, sql in self.tables))

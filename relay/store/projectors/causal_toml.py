@@ -20,6 +20,7 @@ function, and an error stops `relay serve` before it opens anything.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import re
 from typing import Any
@@ -29,7 +30,7 @@ from relay.store.projectors.spec import TYPES, SpecError
 from relay.store.projectors.tables import quote
 
 _IDENTIFIER = re.compile(r"[a-z][a-z0-9_]{0,62}")
-_KEYS = {"name", "kind", "log_tag", "seq_tag", "prev_tag", "tables", "apply", "revision", "protected", "shard_id"}
+_KEYS = {f.name for f in dataclasses.fields(CausalSpec)}  # the keys declared with their docs on CausalSpec
 _TABLE_KEYS = {"name", "columns", "primary_key"}
 _LEADING = ("_log", "_author")  # every causal table's first columns (causal.create_tables)
 

@@ -20,10 +20,11 @@ event's `p` tags (first occurrence wins); its key adds that value
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -116,11 +117,17 @@ class FieldSpec:
     numeric string, TEXT only a string; anything else refuses the event.
     """
 
-    name: str
-    type: str
-    source: str
-    required: bool = False
-    default: str | int | float | None = None
+    # Field metadata: each key of a `fields` entry of a `[[projectors]]` table (docs/configuration.md).
+    name: str = field(metadata={"doc": "the column's name (lowercase SQL identifier)", "type": "string"})
+    type: str = field(metadata={"doc": "the column's SQL type", "type": "string", "choices": TYPES})
+    source: str = field(metadata={
+        "doc": "id, pubkey, created_at, kind, tag:NAME (first value), tag:NAME:POSITION (0: the tag name), "
+               "content (the whole string) or content.KEY.KEY (a path into JSON-object content)", "type": "string"})
+    required: bool = field(default=False, metadata={
+        "doc": "an event without a value is refused (still stored, listed by `relay projectors refusals`)",
+        "type": "boolean"})
+    default: str | int | float | None = field(default=None, metadata={
+        "doc": "the value of an absent one", "type": "string or number", "default": "none (NULL)"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,15 +147,27 @@ class ProjectorSpec:
         with "projector 'TABLE'" and names the field when there is one.
     """
 
-    table: str
-    kind: int
-    fields: tuple[FieldSpec, ...]
-    primary_key: tuple[str, ...]
-    indexes: tuple[tuple[str, ...], ...] = ()
-    row_per_tag: str | None = None
-    revision: int = 1
-    protected: bool = False
-    shard_id: str | None = None  # the shard of this projector's kind, held by this node (relay/fleet/)
+    # Field metadata: each key of a `[[projectors]]` table (docs/configuration.md).
+    table: str = field(metadata={"doc": "the table's name, and the projector's (lowercase SQL identifier)",
+                                 "type": "string"})
+    kind: int = field(metadata={"doc": "the event kind it reads (not ephemeral)", "type": "integer"})
+    fields: tuple[FieldSpec, ...] = field(metadata={
+        "doc": "the columns: { name, type, source, required, default } (below)", "type": "array of tables"})
+    primary_key: tuple[str, ...] = field(metadata={
+        "doc": "fields whose sources are the kind's NIP-01 key: regular id; replaceable pubkey; addressable "
+               "pubkey and tag:d; with row_per_tag X, plus tag:X", "type": "array of field names"})
+    indexes: tuple[tuple[str, ...], ...] = field(default=(), metadata={
+        "doc": "lists of columns to index", "type": "array of arrays of column names"})
+    row_per_tag: str | None = field(default=None, metadata={
+        "doc": "one row per distinct value of the event's tags of this name (first occurrence wins)",
+        "type": "string", "default": "none (one row per event)"})
+    revision: int = field(default=1, metadata={
+        "doc": "bump it to rebuild the table at the next start although the spec is unchanged", "type": "integer"})
+    protected: bool = field(default=False, metadata={
+        "doc": "[retention] never removes an event of this kind (no rebuild)", "type": "boolean"})
+    shard_id: str | None = field(default=None, metadata={
+        "doc": "the shard of this kind, held by this node (docs/peers.md, \"Shards\"; no rebuild)", "type": "string",
+        "default": "none"})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", tuple(
@@ -250,8 +269,7 @@ class ProjectorSpec:
             raise SpecError("projector: must be a table")
         table = data.get("table")
         label = f"projector {table!r}" if isinstance(table, str) else "projector (no table)"
-        known = {"table", "kind", "fields", "primary_key", "indexes", "row_per_tag", "revision", "protected",
-                 "shard_id"}
+        known = {f.name for f in dataclasses.fields(cls)}  # the keys declared with their docs above
         for key in data:
             if key not in known:
                 raise SpecError(f"{label}: unknown key {key!r}")
@@ -301,6 +319,10 @@ def _expect(label: str, key: str, value: object, expected: type) -> None:
         raise SpecError(f"{label}: {key} must be {expected.__name__}, got {type(value).__name__} {value!r}")
 
 
+FIELD_KEYS = tuple(f.name for f in dataclasses.fields(FieldSpec))
+"""The keys of one `fields` entry of a `[[projectors]]` table: FieldSpec's fields."""
+
+
 def _field_from_dict(table: object, data: object) -> FieldSpec:
     label = f"projector {table!r}"
     if not isinstance(data, dict):
@@ -308,7 +330,7 @@ def _field_from_dict(table: object, data: object) -> FieldSpec:
     name = data.get("name")
     where = f"{label}, field {name!r}"
     for key in data:
-        if key not in ("name", "type", "source", "required", "default"):
+        if key not in FIELD_KEYS:
             raise SpecError(f"{where}: unknown key {key!r}")
     for key in ("name", "type", "source"):
         if key not in data:

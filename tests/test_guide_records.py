@@ -1,22 +1,22 @@
-"""README "Records": the Python example, copied as it is (only its `<64-hex>` placeholders filled), runs on a
-real node and its delete removes the article it wrote."""
+"""docs/projectors.md "Records": the Python example, copied as it is (only its `<64-hex>` placeholders filled),
+runs on a real node and its delete removes the article it wrote."""
 
 from __future__ import annotations
 
 import textwrap
 from pathlib import Path
 
-README = Path(__file__).parents[1] / "README.md"
+GUIDE = Path(__file__).parents[1] / "docs" / "projectors.md"
 
 
-def _python_after(readme: str, heading: str) -> str:
-    return readme.split(heading, 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+def _python_after(guide: str, heading: str) -> str:
+    return guide.split(heading, 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
 
 
-async def test_the_readme_records_example_works_as_written(tmp_path, monkeypatch):
-    """Reading then writing, as the README shows them: every put and the delete are accepted, the article is gone."""
-    readme = README.read_text()
-    code = _python_after(readme, "**Python** (in the relay's process") + _python_after(readme, "Writing, in the same process:")
+async def test_the_guide_records_example_works_as_written(tmp_path, monkeypatch):
+    """Reading then writing, as the guide shows them: every put and the delete are accepted, the article is gone."""
+    guide = GUIDE.read_text()
+    code = _python_after(guide, "**Python** (in the relay's process") + _python_after(guide, "Writing, in the same process:")
     for n in range(code.count("<64-hex>")):  # each placeholder its own pubkey (a follow list lists each once)
         code = code.replace("<64-hex>", f"{n + 1:064x}", 1)
     monkeypatch.chdir(tmp_path)  # the example's relative paths: config/relay.toml, data/relay.db, app.key
