@@ -7,7 +7,10 @@ without their hook would no longer agree with the events (`relay verify` tells).
 
 from __future__ import annotations
 
-from relay.config import Config
+import json
+
+from relay.config import Config, shards_of
+from relay.protocol.claims import FLEET_WIDE_FILTER
 from relay.protocol.filters import parse_filter
 from relay.store.negentropy import DropNegentropyIndex, NegentropyIndex
 from relay.store.projectors.engine import ProjectorHook
@@ -42,10 +45,13 @@ def search_hook(config: Config) -> TransactionHook:
 
 
 def negentropy_hook(config: Config) -> TransactionHook:
-    """The NIP-77 index of the full set and of `[negentropy] filters`; with `enabled = false`, its removal."""
+    """The NIP-77 index of the full set, of `[negentropy] filters`, and with shards of each shard's filter and
+    of the fleet-wide kinds (what peers reconcile shard by shard); with `enabled = false`, its removal."""
     if not config.negentropy.enabled:
         return DropNegentropyIndex()
-    # a protected filter that is also in `filters` is indexed once (the index keys filters by their spec)
+    # a filter named twice is indexed once (the index keys filters by their spec)
     negentropy = config.negentropy
-    return NegentropyIndex((parse_filter(f) for f in negentropy.filters + negentropy.protected_filters),
-                           private_kinds=config.auth.private_kinds)
+    filters = [parse_filter(f) for f in negentropy.filters + negentropy.protected_filters]
+    if shards := shards_of(config):
+        filters += [parse_filter(json.loads(s.filter)) for s in shards] + [FLEET_WIDE_FILTER]
+    return NegentropyIndex(filters, private_kinds=config.auth.private_kinds)

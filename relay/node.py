@@ -45,7 +45,7 @@ from relay.keys import NodeKeyError
 from relay.locks import PORT_ADVICE, InstanceLock, LockHeld, database_lock, is_served, port_lock
 from relay.metrics import CONTENT_TYPE, Metrics
 from relay.protocol.event import Event
-from relay.retention import is_configured, retention_forever
+from relay.retention import is_configured, protection, retention_forever
 from relay.server.app import RelayServer
 from relay.server.wire.http import HttpRequest, HttpResponse
 from relay.status_page import StatusPage
@@ -164,7 +164,8 @@ class Node:
             port = self.server.port if self.server is not None else config.server.port
             url = config.server.public_url or f"ws://{config.server.host}:{port}"
             self._background.append(asyncio.create_task(
-                claims_forever(config, store, self.ingest, lambda: self.records.node_key, url), name="claims"))
+                claims_forever(config, store, self.ingest, lambda: self.records.node_key, url, protection(config)),
+                name="claims"))
         projectors = _projector_hook(store)
         if projectors is not None and projectors.builds:  # new or changed projectors, built while serving
             self._background.append(asyncio.create_task(build_in_background(store, projectors.builds),

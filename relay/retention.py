@@ -5,18 +5,21 @@ A run applies each `[[retention.rules]]` (events of its kinds older than
 until at most that many are stored), each as a scan of short steps through
 the store's writer (relay/store/retention.py).  Protected events are never
 removed and still count towards `max_events`, so a store whose protected
-events alone exceed it stays above it.
+events alone exceed it stays above it.  Neither is an event of one of this
+node's `[[shards]]`: the shards' guard removes those once other nodes are
+confirmed to hold them (relay/sync/guard.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass, replace
 
 import structlog
 
-from relay.config import Config
+from relay.config import Config, shards_of
 from relay.protocol.filters import parse_filter
 from relay.store.retention import Protection, Scan, count_events, evict_step
 from relay.store.store import Store
@@ -54,11 +57,19 @@ async def _scan(store: Store, scan: Scan, budget: int, batch: int, guard: Protec
         scan = replace(scan, cursor=step.cursor)
 
 
+def _keeping_shards(config: Config) -> Protection:
+    """`protection(config)` and every event of this node's shards: those only the shards' guard removes, once
+    other nodes hold enough copies (relay/sync/guard.py)."""
+    guard = protection(config)
+    return replace(guard, filters=guard.filters + tuple(parse_filter(json.loads(s.filter)) for s in shards_of(config)))
+
+
 async def run_retention(store: Store, config: Config, now: int | None = None) -> RetentionReport:
-    """Apply `config.retention` once at `now` (unix seconds; default: the clock). Returns the counts."""
+    """Apply `config.retention` once at `now` (unix seconds; default: the clock); the events of this node's
+    shards are left to the shards' guard (relay/sync/guard.py).  Returns the counts."""
     settings = config.retention
     now = int(time.time()) if now is None else now
-    guard = protection(config)
+    guard = _keeping_shards(config)
     report = RetentionReport()
     unbounded = 1 << 62
     for rule in settings.rules:

@@ -17,9 +17,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from relay.protocol.filters import Filter
+
 CLAIM_KIND = 30803
 FLEET_WIDE_KINDS = frozenset({5, 62, CLAIM_KIND})
 """Deletions (NIP-09), requests to vanish (NIP-62) and claims: every node holds them whatever its shards."""
+FLEET_WIDE_FILTER_JSON = '{"kinds":[5,62,30803]}'
+FLEET_WIDE_FILTER = Filter(kinds=FLEET_WIDE_KINDS)
+"""The fleet-wide kinds as the filter peers reconcile them by (NIP-01, compact JSON and parsed)."""
 
 BUILDING, COMPLETE, LEAVING = "building", "complete", "leaving"
 STATUSES = (BUILDING, COMPLETE, LEAVING)

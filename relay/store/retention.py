@@ -121,6 +121,32 @@ def evict_step(conn: sqlite3.Connection, hooks: Sequence[TransactionHook], scan:
     return changes, Step(read, len(evicted), cursor, done=len(rows) < batch and read == len(rows))
 
 
+def scan_rows(conn: sqlite3.Connection, scan: Scan, batch: int) -> list[Row]:
+    """Up to `batch` rows of `scan`, oldest first (read job: the shards' guard chooses among them)."""
+    return [Row(*r) for r in conn.execute(*_select(scan, batch))]
+
+
+def evict_ids(conn: sqlite3.Connection, hooks: Sequence[TransactionHook], ids: list[bytes], now: int,
+              shard: str | None = None) -> tuple[Changes, int]:
+    """Remove the stored events among `ids` (32-byte) in ONE transaction, recorded in `evictions` at `now` with
+    `shard` (a handover's; None: a retention rule's), as `evict_step` does.  `Store.run_job` form: returns
+    (the removals, how many were stored)."""
+    with transaction(conn) as cur:
+        rows = [Row(*r) for r in ids_in(cur, f"SELECT {_COLUMNS} FROM events WHERE id IN ({{}})", ids)]
+        cur.executemany("INSERT OR REPLACE INTO evictions (id, created_at, evicted_at, shard) VALUES (?, ?, ?, ?)",
+                        [(r.id, r.created_at, now, shard) for r in rows])
+        changes = remove_events(cur, rows, hooks, feed.RETENTION)
+    return changes, len(rows)
+
+
+def forget_evictions(conn: sqlite3.Connection, hooks: Sequence[TransactionHook], shard: str) -> tuple[Changes, int]:
+    """Forget the handed-over events of `shard` (taken back: peer sync may fetch them again).  `Store.run_job`
+    form: returns (no changes, how many were forgotten)."""
+    with transaction(conn) as cur:
+        cur.execute("DELETE FROM evictions WHERE shard = ?", (shard,))
+    return Changes(), cur.rowcount
+
+
 def evicted_among(conn: sqlite3.Connection, ids: list[bytes]) -> set[bytes]:
     """The 32-byte ids among `ids` that retention removed here (read job, for peer sync)."""
     return {r[0] for r in ids_in(conn.cursor(), "SELECT id FROM evictions WHERE id IN ({})", ids)}

@@ -28,8 +28,10 @@ from relay.ingest.source import RECORD
 from relay.keys import NodeKey
 from relay.protocol.claims import BUILDING, CLAIM_KIND, COMPLETE, LEAVING, Claim, claim_tags, parse_claim
 from relay.store import db
+from relay.store.retention import Protection
 from relay.store.store import Store
 from relay.store.writes import Changes
+from relay.sync.guard import Cut, Guard, read_cuts
 from relay.sync.state import read_states
 
 log = structlog.get_logger(__name__)
@@ -91,9 +93,10 @@ def holders(claims: list[Claim], shard: ShardConfig, fleet: frozenset[str], excl
 
 
 def plan(config: Config, claims: list[Claim], pubkey: str, instance: str, reconciled: dict[str, int | None],
-         now: int) -> Plan:
-    """The claims this node (`pubkey`, database `instance`) publishes at `now`, given the stored `claims` and
-    `reconciled` (peer URL -> unix time of its last complete reconciliation, None: never)."""
+         now: int, cuts: dict[str, Cut] | None = None) -> Plan:
+    """The claims this node (`pubkey`, database `instance`) publishes at `now`, given the stored `claims`,
+    `reconciled` (peer URL -> unix time of its last complete reconciliation, None: never) and the guard's
+    announced `cuts` (relay/sync/guard.py: a shard's `since`)."""
     fleet = fleet_pubkeys(config)
     peer_urls = {p.pubkey: p.url for p in config.sync.peers if p.pubkey}
     planned, copied = [], {}
@@ -103,7 +106,7 @@ def plan(config: Config, claims: list[Claim], pubkey: str, instance: str, reconc
             copied[shard.id] = ours.instance
             continue
         same = ours if ours is not None and ours.filter == shard.filter else None  # a new filter: a new shard
-        since = same.since if same is not None else 0
+        since = (cuts or {})[shard.id].since if shard.id in (cuts or {}) else 0
         others = holders(claims, shard, fleet, pubkey, now)
         synced = [reconciled.get(c.url) or reconciled.get(peer_urls.get(c.pubkey, "")) for c in others]
         if not others:
@@ -136,7 +139,7 @@ async def publish_claims(config: Config, store: Store, ingest: Ingest, key: Node
     instance = await store.run_job(ensure_instance)
     claims = await store.read_snapshot(read_claims)
     reconciled = {s.url: s.last_success for s in await store.read_snapshot(read_states)}
-    found = plan(config, claims, key.pubkey, instance, reconciled, now)
+    found = plan(config, claims, key.pubkey, instance, reconciled, now, await store.read_snapshot(read_cuts))
     for shard_id, other in found.copied.items():
         log.error("node_key_copied", shard=shard_id, pubkey=key.pubkey, instance=instance, other_instance=other,
                   hint="another database signs claims with this node key: give one of them its own key "
@@ -150,13 +153,21 @@ async def publish_claims(config: Config, store: Store, ingest: Ingest, key: Node
     return found
 
 
-async def claims_forever(config: Config, store: Store, ingest: Ingest, key: Callable[[], NodeKey],
-                         url: str) -> None:
-    """Publish this node's claims now and every `[sharding] claim_interval_seconds` until cancelled; a failed
-    round is logged and tried again at the next."""
+async def claims_forever(config: Config, store: Store, ingest: Ingest, key: Callable[[], NodeKey], url: str,
+                         protection: Protection) -> None:
+    """Every `[sharding] claim_interval_seconds` until cancelled, from now: the guard removes what other nodes
+    confirm and announces the cuts due (relay/sync/guard.py, whose `protection` keeps what retention never
+    removes), then this node's claims are published.  A failed round is logged and tried again."""
+    guard = None
     while True:
         try:
-            await publish_claims(config, store, ingest, key(), url)
+            guard = guard or Guard(config, store, key(), protection)
+            report = await guard.round(await store.read_snapshot(read_claims))
+            if report.removed or report.held_back:
+                log.info("shard_guard_round", removed=report.removed, held_back=report.held_back,
+                         confirmations=report.confirmations)
+            await guard.announce(int(time.time()))
+            await publish_claims(config, store, ingest, guard.key, url)
         except Exception as exc:  # the one place this task catches: log, try again next interval
             log.error("claims_failed", error=repr(exc), exc_info=exc)
         await asyncio.sleep(config.sharding.claim_interval_seconds)

@@ -49,6 +49,7 @@ import structlog
 
 from relay.config import Config, PeerConfig
 from relay.ingest import Ingest
+from relay.protocol.claims import CLAIM_KIND
 from relay.protocol.event import Event, event_ref
 from relay.protocol.filters import Filter, parse_filter
 from relay.protocol.rejection import invalid
@@ -60,6 +61,8 @@ from relay.sync.differences import LOGGED_IDS, LastingDifferences
 from relay.keys import NodeKey, NodeKeyError, key_path, load_or_create
 from relay.sync.peer import PeerConnection, PeerError
 from relay.sync.session import ERROR, REFUSED, STORED, Intake, SyncOptions, SyncReport, classify, sync_with_peer
+from relay.sync.claims import read_claims
+from relay.sync.scope import Scope, peer_scope
 from relay.sync.state import LeaseBusy, LeaseLost, PeerStates, new_owner
 
 log = structlog.get_logger(__name__)
@@ -92,6 +95,14 @@ def node_key(config: Config) -> NodeKey:
     return load_or_create(key_path(config.sync.secret_key_file, config.store.path))
 
 
+class ScopeChanged(Exception):
+    """The peer's claims changed what is synced with it: the session ends and a new one starts at once."""
+
+    def __init__(self, shards: list[str]) -> None:
+        super().__init__(f"the peer's shards are now {shards}")
+        self.shards = shards
+
+
 class Scheduler:
     """Keeps every `[[sync.peers]]` peer in sync while the relay serves; `start()`, then `stop()`.
 
@@ -118,8 +129,11 @@ class Scheduler:
 
     def _on_commit(self, changes: Changes) -> None:
         if changes.inserted:
+            claims = any(e.kind == CLAIM_KIND for e in changes.inserted)
             for peer in self.peers:
                 peer.committed.set()
+                if claims:
+                    peer.claims_committed.set()
 
     def stats(self) -> dict[str, int]:
         """Failed attempts since start, by peer URL (in `[[sync.peers]]` order)."""
@@ -144,6 +158,7 @@ class PeerSync:
         self.config = scheduler.config.sync
         self.filter_obj = json.loads(peer.filter)
         self.filter: Filter = parse_filter(self.filter_obj)
+        self.scope: Scope | None = None  # the peer's shards, read at the start of each session (scope.py)
         self.up = peer.direction in ("up", "both")
         self.down = peer.direction in ("down", "both")
         self.options = sync_options(scheduler.config, peer.direction)
@@ -152,6 +167,7 @@ class PeerSync:
         self.events_out = 0
         self.errors = 0  # failed attempts since start (metrics)
         self.committed = asyncio.Event()  # set on each commit here: the live push reads the change feed
+        self.claims_committed = asyncio.Event()  # set on each commit of a claim: the peer's shards may change
         self._incoming: list[object] = []
         self._incoming_ready = asyncio.Event()
         self._reconcile_now = asyncio.Event()
@@ -187,6 +203,9 @@ class PeerSync:
                 continue
             except LeaseLost as lost:
                 log.warning("sync_lease_lost", peer=self.url, reason=str(lost))
+            except ScopeChanged as changed:
+                log.info("sync_shards_changed", peer=self.url, shards=changed.shards)
+                continue  # a new session at once, with the new scope
             except (PeerError, sqlite3.Error, OSError) as exc:
                 log.warning("sync_peer_failed", peer=self.url, error=str(exc))
                 await self._record_error(str(exc))
@@ -219,8 +238,13 @@ class PeerSync:
         helpers: list[asyncio.Task] = []
         try:
             self._incoming.clear()
+            self.scope = await self._read_scope()
+            if self.scope is not None:
+                log.info("sync_by_shard", peer=self.url, shards=list(self.scope.shards),
+                         sessions=[(x.filter, x.direction) for x in self.scope.sessions])
             if self.down:
-                await conn.subscribe({**self.filter_obj, "limit": 0}, self._on_live_event)
+                for filter_obj in self._live_filters():
+                    await conn.subscribe({**filter_obj, "limit": 0}, self._on_live_event)
                 helpers.append(asyncio.create_task(self._store_live(), name=f"sync-in {self.url}"))
             reconcile = True
             if self.up:
@@ -243,11 +267,38 @@ class PeerSync:
             except sqlite3.Error as exc:
                 log.warning("sync_state_write_failed", peer=self.url, error=repr(exc))
 
+    async def _read_scope(self) -> Scope | None:
+        """The peer's shards as its stored claims say (scope.py), or None: a full replica."""
+        return peer_scope(self.scheduler.config, self.peer, await self.scheduler.store.read_snapshot(read_claims))
+
+    def _live_filters(self) -> list[dict]:
+        """The filters of the live REQs: the sessions fetching from the peer, else the entry's filter."""
+        if self.scope is None:
+            return [self.filter_obj]
+        return [x.filter_obj for x in self.scope.sessions if x.direction in ("down", "both")]
+
+    def _matches(self, event: Event, direction: str) -> bool:
+        """Whether `event` is synced with the peer `direction` ("down", "up")."""
+        if self.scope is None:
+            return not self.filter_obj or self.filter.matches(event)
+        return any(f.matches(event) for f in self.scope.filters(direction))
+
     async def _reconcile(self, conn: PeerConnection) -> None:
-        """One reconciliation (session.py), counted and logged; sets `_synced` when it succeeds."""
+        """One reconciliation (session.py), one NIP-77 session per shard with a peer that holds shards;
+        counted and logged; sets `_synced` when it succeeds.
+
+        Raises:
+            ScopeChanged: the peer's claims changed what is synced with it (a new session follows).
+        """
+        scope = await self._read_scope()
+        if scope != self.scope:
+            raise ScopeChanged(list(scope.shards) if scope else [])
+        sessions = [(self.filter_obj, self.options)] if scope is None else \
+            [(x.filter_obj, sync_options(self.scheduler.config, x.direction)) for x in scope.sessions]
         report = SyncReport()
         try:
-            await sync_with_peer(conn, self.scheduler.store, self.filter_obj, self.options, self.intake, report)
+            for filter_obj, options in sessions:
+                await sync_with_peer(conn, self.scheduler.store, filter_obj, options, self.intake, report)
         except BaseException:  # failed, cancelled or lease lost: what it did, and for how long, is known
             log.info("sync_reconcile_interrupted", peer=self.url, **report.as_dict())
             raise
@@ -276,25 +327,33 @@ class PeerSync:
         """Wait until a reconciliation is due, flushing counts; raise if the connection or a helper fails."""
         due = time.monotonic() + self.config.interval_seconds
         reconcile_now = asyncio.ensure_future(self._reconcile_now.wait())
+        self.claims_committed.clear()
+        claims = asyncio.ensure_future(self.claims_committed.wait())
         try:
             while (remaining := due - time.monotonic()) > 0:
-                done, _ = await asyncio.wait({conn.failure, reconcile_now, *helpers},
+                done, _ = await asyncio.wait({conn.failure, reconcile_now, claims, *helpers},
                                              timeout=min(remaining, FLUSH_SECONDS),
                                              return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
-                    if task is not reconcile_now:
+                    if task not in (reconcile_now, claims):
                         raise task.exception() or PeerError(f"live stream with {self.url} ended")
                 if reconcile_now in done:
                     return
+                if claims in done:  # a new claim: reconcile at once if it changes what is synced
+                    if await self._read_scope() != self.scope:
+                        return
+                    self.claims_committed.clear()
+                    claims = asyncio.ensure_future(self.claims_committed.wait())
                 if self.events_in or self.events_out:
                     await self._flush_counts()
         finally:
             reconcile_now.cancel()
+            claims.cancel()
 
     async def _store_live(self) -> None:
         """Validate and store the events of the live REQ, in batches as they come."""
         def in_filter(event: Event) -> None:
-            if not self.filter.matches(event):
+            if not self._matches(event, "down"):
                 raise invalid("event outside the sync filter")
 
         while True:
@@ -355,7 +414,7 @@ class PeerSync:
         unsaved = False  # the cursor moved past changes with nothing to push: saved once, at the end
         while changes := await self.scheduler.store.changes(cursor, self.config.push_in_flight):
             events = [(c.id, c.raw) for c in changes if c.raw is not None and c.origin != self.url
-                      and (not self.filter_obj or self.filter.matches(stored_event(c.raw)))]
+                      and self._matches(stored_event(c.raw), "up")]
             cursor = changes[-1].cursor
             unsaved = not events
             if events:

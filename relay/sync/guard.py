@@ -1,0 +1,298 @@
+"""The shards' guard: an event of a shard is removed here only once `[sharding] min_copies` other nodes are
+confirmed to hold it (docs/peers.md, "Shards").
+
+How this works
+--------------
+Three things remove events of shards, each only through this guard: the `[[retention.rules]]` (for the events
+of a held shard: `relay.retention` leaves them to the guard), a handover (`hold = false`: every event of the
+shard that no held shard and no fleet-wide kind keeps), and the events a client published here that belong to
+no held shard but to another node's (foreign events: pushed to their holders, then removed).
+
+A removal that other nodes may count this node for is announced first, as a *cut* (`meta` key
+`shard_cut:<id>`: the raised `since` of the shard, or its handover, and when it was announced): the claims are
+republished at once (relay/sync/claims.py), and nothing is removed before `claim_ttl_seconds +
+max_clock_skew_seconds` have passed, so every claim of this node that covered the events has expired
+everywhere.  Two nodes can then never remove the last copies on each other's word: the later of the two sees
+the earlier one's raised `since`, which no longer covers the events.
+
+Then each step reads a batch of the oldest candidates, finds for each the other nodes whose claims are the
+hint (`[sharding] fleet_pubkeys`, live, `complete`, the claim's filter matching the event, `since <=
+created_at <= until`), asks each such node for the batch's ids it should hold (one REQ by ids on a connection
+signed in with the node key), and removes an event only when at least `min_copies` distinct nodes returned
+it.  Each removal batch is logged (`shard_events_removed`) with the claims and the confirmations it relied
+on; events without enough confirmed copies are held back (counted in the report) and tried again next round.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import cache
+
+import structlog
+
+from relay.config import Config, ShardConfig, fleet_pubkeys, shards_of
+from relay.keys import NodeKey
+from relay.protocol.claims import COMPLETE, FLEET_WIDE_KINDS, Claim
+from relay.protocol.event import Event, EventLimits, parse_event, verify_signature
+from relay.protocol.filters import Filter, parse_filter
+from relay.protocol.rejection import Rejection
+from relay.store import db
+from relay.store.batch import Row
+from relay.store.projectors.rows import stored_event
+from relay.store.retention import START, Protection, Scan, evict_ids, forget_evictions, scan_rows
+from relay.store.store import Store
+from relay.store.writes import Changes
+from relay.sync.peer import PeerConnection, PeerError
+
+log = structlog.get_logger(__name__)
+
+CUT_PREFIX = "shard_cut:"
+_ANY_SIZE = EventLimits(max_tags=1 << 30, max_content_bytes=1 << 40, max_created_at_future_seconds=1 << 40)
+_DAY_SECONDS = 86_400
+
+
+@dataclass(frozen=True)
+class Cut:
+    """An announced removal in a shard: events created before `since` (unix seconds), or, `leaving`, every
+    event of a handover; removable from `announced_at` + the claims' lifetime + the clock skew."""
+
+    since: int
+    announced_at: int
+    leaving: bool = False
+
+
+def read_cuts(conn) -> dict[str, Cut]:
+    """The announced cuts by shard id (read job)."""
+    rows = conn.execute("SELECT key, value FROM meta WHERE key >= ? AND key < ?", (CUT_PREFIX, CUT_PREFIX + "\x7f"))
+    return {_text(k)[len(CUT_PREFIX):]: Cut(**json.loads(_text(v))) for k, v in rows}
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def write_cut(conn, hooks: tuple, shard_id: str, cut: Cut | None) -> tuple[Changes, None]:
+    """Store (None: drop) the cut of `shard_id` (a `Store.run_job`)."""
+    with db.transaction(conn) as cur:
+        cur.execute("DELETE FROM meta WHERE key = ?", (CUT_PREFIX + shard_id,))
+        if cut is not None:
+            cur.execute("INSERT INTO meta (key, value) VALUES (?, ?)",
+                        (CUT_PREFIX + shard_id, json.dumps(cut.__dict__)))
+    return Changes(), None
+
+
+@cache
+def claim_filter(filter_json: str) -> Filter | None:
+    """The Filter of a claim's `filter` tag, or None when it is not a filter this relay reads."""
+    try:
+        return parse_filter(json.loads(filter_json))
+    except (ValueError, TypeError, RecursionError, Rejection):
+        return None
+
+
+@dataclass
+class GuardReport:
+    """One round: events `removed`, `held_back` (too few confirmed copies), cuts `announced`, and the
+    `confirmations` asked (REQs by ids sent to other nodes)."""
+
+    removed: int = 0
+    held_back: int = 0
+    announced: list[str] = field(default_factory=list)
+    confirmations: int = 0
+
+
+def rule_cutoff(config: Config, kind: int, now: int) -> int | None:
+    """The newest created_at a `[[retention.rules]]` removes for `kind` at `now` (exclusive), or None."""
+    cuts = [now - int(r.max_age_days * _DAY_SECONDS) for r in config.retention.rules if not r.kinds or kind in r.kinds]
+    return max(cuts) if cuts else None
+
+
+def shard_cutoff(config: Config, shard: ShardConfig, now: int) -> int | None:
+    """The `since` a held shard's claim may be raised to at `now`: the newest cut-off of the rules that apply
+    to its kinds (every rule, for a shard of every kind), or None when no rule applies."""
+    kinds = claim_filter(shard.filter).kinds
+    cuts = [now - int(r.max_age_days * _DAY_SECONDS) for r in config.retention.rules
+            if kinds is None or not r.kinds or kinds & set(r.kinds)]
+    return max(cuts) if cuts else None
+
+
+class Guard:
+    """The removals of events of shards on this node (see the module docstring): `round(now)` announces the
+    cuts due, then removes what other nodes confirm, batch by batch."""
+
+    def __init__(self, config: Config, store: Store, key: NodeKey, protection: Protection) -> None:
+        self.config = config
+        self.store = store
+        self.key = key
+        self.protection = protection
+        self.shards = shards_of(config)
+        self.held = [claim_filter(s.filter) for s in self.shards if s.hold]
+        self.declared = [claim_filter(s.filter) for s in self.shards]
+        self.fleet = fleet_pubkeys(config)
+        # kinds all of whose events are in a shard of this node: no foreign event to look for among them
+        whole = [f for f in self.declared if f.authors is None and not f.tags]
+        self.everything_declared = any(f.kinds is None for f in whole)
+        self.declared_kinds = {k for f in whole if f.kinds is not None for k in f.kinds}
+        self._cursors: dict[tuple[str, int | None], tuple[int, bytes]] = {}  # where each scan goes on next round
+
+    def matured(self, cut: Cut, now: int) -> bool:
+        """Whether every claim this node published before `cut` has expired everywhere at `now`."""
+        sharding = self.config.sharding
+        return now >= cut.announced_at + sharding.ttl_seconds() + sharding.max_clock_skew_seconds
+
+    async def announce(self, now: int) -> list[str]:
+        """Store the cuts due at `now` (a `since` raised once the cut before has matured, a new handover; a
+        shard taken back forgets its handover); returns the ids of the shards whose claims must be
+        republished.  Run after `round`, which removes what the matured cuts allow."""
+        cuts = await self.store.read_snapshot(read_cuts)
+        changed = []
+        for shard in self.shards:
+            cut = cuts.get(shard.id)
+            if not shard.hold:
+                new = cut if cut is not None and cut.leaving else Cut(now, now, leaving=True)
+            elif cut is not None and cut.leaving:
+                await self.store.run_job(forget_evictions, shard.id)  # taken back: sync may fetch them again
+                new = None
+            elif cut is not None and not self.matured(cut, now):
+                new = cut  # raised again only once its removals have had their turn
+            else:
+                since = shard_cutoff(self.config, shard, now)
+                new = cut if since is None or (cut is not None and cut.since >= since) else Cut(since, now)
+            if new != cut:
+                await self.store.run_job(write_cut, shard.id, new)
+                changed.append(shard.id)
+        return changed
+
+    def _removable(self, row: Row, event: Event, shard: ShardConfig, cut: Cut | None, now: int) -> bool:
+        """Whether `row` may go once confirmed: in the shard of `cut` (or, with no shard, a foreign event),
+        not protected, not fleet-wide, and past the cut (a handover: kept by no held shard)."""
+        if row.kind in FLEET_WIDE_KINDS or self.protection.protects(row):
+            return False
+        if cut is None:  # a foreign event: in none of this node's shards
+            return not any(f.matches(event) for f in self.declared)
+        if not claim_filter(shard.filter).matches(event):
+            return False
+        if cut.leaving:
+            return not any(f.matches(event) for f in self.held)
+        before = rule_cutoff(self.config, row.kind, now)
+        return before is not None and row.created_at < min(before, cut.since)
+
+    async def round(self, claims: list[Claim], now: int | None = None, batch: int = 500,
+                    max_batches: int = 20) -> GuardReport:
+        """Remove, in up to `max_batches` batches of `batch` rows read per shard, the events of every cut
+        past its wait, and the foreign events; `claims` are the stored claims (the hints).
+
+        Raises:
+            StoreFailed: the writer failed.
+        """
+        now = int(time.time()) if now is None else now
+        report = GuardReport()
+        cuts = await self.store.read_snapshot(read_cuts)
+        hints = [c for c in claims if c.pubkey in self.fleet and c.pubkey != self.key.pubkey and c.status == COMPLETE
+                 and c.is_live(now) and claim_filter(c.filter) is not None]
+        for shard in self.shards:
+            cut = cuts.get(shard.id)
+            if cut is not None and self.matured(cut, now):
+                for kind in _kinds(shard.filter):
+                    scan = Scan(kind, None if cut.leaving else cut.since)
+                    await self._remove(shard, cut, scan, hints, now, batch, max_batches, report)
+        if self.shards and not self.everything_declared:  # foreign events: of other nodes' shards, in none of ours
+            kinds = {k for c in hints for k in _kinds(c.filter)} - self.declared_kinds
+            for kind in [None] if None in kinds else sorted(kinds):
+                await self._remove(None, None, Scan(kind, None), hints, now, batch, max_batches, report)
+        return report
+
+    async def _remove(self, shard: ShardConfig | None, cut: Cut | None, scan: Scan, hints: list[Claim], now: int,
+                      batch: int, max_batches: int, report: GuardReport) -> None:
+        """Up to `max_batches` batches of `scan`, from where the last round's scan of it stopped (a held-back
+        event is not read again until the scan has gone round)."""
+        where = (shard.id if shard is not None else "", scan.kind)
+        scan = Scan(scan.kind, scan.before, self._cursors.pop(where, START))
+        for _ in range(max_batches):
+            rows = await self.store.read_snapshot(scan_rows, scan, batch)
+            candidates = []
+            for row in rows:
+                event = stored_event(row.raw)
+                if self._removable(row, event, shard, cut, now):
+                    holders = [c for c in hints if claim_filter(c.filter).matches(event)]
+                    if cut is None and not holders:
+                        continue  # in no node's shard: today's rules keep it
+                    holders = [c for c in holders if c.covers(row.created_at)]
+                    if len({c.pubkey for c in holders}) >= self.config.sharding.min_copies:
+                        candidates.append((row, holders))
+                    else:
+                        report.held_back += 1
+            if candidates:
+                await self._confirm_and_remove(shard, candidates, now, report)
+            if len(rows) < batch:
+                return
+            scan = Scan(scan.kind, scan.before, (rows[-1].created_at, rows[-1].id))
+        self._cursors[where] = scan.cursor
+
+    async def _confirm_and_remove(self, shard: ShardConfig | None, candidates: list[tuple[Row, list[Claim]]],
+                                  now: int, report: GuardReport) -> None:
+        """Ask each hinted node for the ids it should hold; remove those at least `min_copies` nodes returned."""
+        asked: dict[tuple[str, str], list[str]] = defaultdict(list)  # (pubkey, url) -> ids
+        for row, holders in candidates:
+            for claim in {c.pubkey: c for c in holders}.values():
+                asked[(claim.pubkey, claim.url)].append(row.id.hex())
+        confirmed: dict[str, set[str]] = defaultdict(set)  # id -> pubkeys that returned it
+        for (pubkey, url), ids in asked.items():
+            report.confirmations += 1
+            for event_id in await self._held_by(url, ids):
+                confirmed[event_id].add(pubkey)
+        minimum = self.config.sharding.min_copies
+        removable = [row for row, _ in candidates if len(confirmed[row.id.hex()]) >= minimum]
+        report.held_back += len(candidates) - len(removable)
+        if not removable:
+            return
+        removed = await self.store.run_job(evict_ids, [r.id for r in removable], now,
+                                           shard.id if shard is not None and not shard.hold else None)
+        report.removed += removed
+        relied = sorted({c.event_id for row, holders in candidates if row in removable for c in holders})
+        log.info("shard_events_removed", shard=shard.id if shard else None, why=_why(shard), removed=removed,
+                 ids=[r.id.hex() for r in removable][:20], claims=relied,
+                 confirmations={pubkey: sum(1 for r in removable if pubkey in confirmed[r.id.hex()])
+                                for pubkey, _ in asked})
+
+    async def _held_by(self, url: str, ids: list[str]) -> set[str]:
+        """The ids among `ids` the node at `url` returns to a REQ by ids, each checked (id and signature); an
+        unreachable node confirms none."""
+        s = self.config.sync
+        try:
+            conn = await PeerConnection.open(url, self.key, s.connect_timeout_seconds, s.timeout_seconds,
+                                             self.config.limits.max_message_bytes * 4)
+        except PeerError as exc:
+            log.warning("shard_confirmation_failed", url=url, error=str(exc))
+            return set()
+        try:
+            found = set()
+            for start in range(0, len(ids), s.fetch_batch):
+                for obj in await conn.fetch(ids[start:start + s.fetch_batch]):
+                    try:
+                        event = parse_event(obj, _ANY_SIZE, time.time())
+                    except Rejection:
+                        continue
+                    if verify_signature(event):  # a copy is a copy only if it is the event
+                        found.add(event.id)
+            return found & set(ids)
+        except PeerError as exc:
+            log.warning("shard_confirmation_failed", url=url, error=str(exc))
+            return set()
+        finally:
+            await conn.close()
+
+
+def _kinds(filter_json: str) -> list[int | None]:
+    """The kinds a scan of a shard's events reads one by one (by the kind index); [None]: every kind."""
+    kinds = claim_filter(filter_json).kinds
+    return [None] if kinds is None else sorted(kinds)
+
+
+def _why(shard: ShardConfig | None) -> str:
+    if shard is None:
+        return "foreign: in no held shard, held by its shard's nodes"
+    return "handover" if not shard.hold else "retention"

@@ -1,0 +1,124 @@
+"""Shards across nodes (docs/peers.md, "Shards"): sync by shard, events published to a node outside its shards,
+and retention that waits for copies other nodes confirm.  Real relays on loopback, synced every second."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from tests.helpers import Client, Keys, eventually
+from tests.sync.fleet import claim_statuses, fleet, ids, start
+
+ALICE = Keys(0xA11CE)
+ARCHIVE = '[[shards]]\nid = "all"\nfilter = {}\n'
+NOTES = '[[shards]]\nid = "notes"\nfilter = {kinds = [1]}\n'
+REACTIONS = '[[shards]]\nid = "reactions"\nfilter = {kinds = [7]}\n'
+
+
+async def _publish(url: str, event: dict) -> None:
+    client = await Client.connect(url)
+    try:
+        assert (await client.publish(event))[2] is True
+    finally:
+        await client.close()
+
+
+async def _stop(nodes) -> None:
+    for node in nodes.values():
+        if node.relay is not None:
+            await node.relay.stop()
+
+
+async def test_events_go_to_their_shards_holders_and_leave_the_nodes_that_do_not_hold_them(tmp_path):
+    """An archive node, a node of kind 1, a node of kind 7 (min_copies 2): each claims its shard complete; a
+    note published to the kind-7 node and a reaction to the kind-1 node reach their holders and are then
+    removed from the node that took them; an article (kind 30023) that only the archive holds stays where it was
+    published (one copy elsewhere is fewer than min_copies)."""
+    nodes = fleet(tmp_path, {"archive": ARCHIVE, "notes": NOTES, "reactions": REACTIONS}, copies=2)
+    try:
+        for node in nodes.values():
+            await start(tmp_path, nodes, node)
+        everyone = {(n.key.pubkey, shard): "complete" for n, shard in
+                    ((nodes["archive"], "all"), (nodes["notes"], "notes"), (nodes["reactions"], "reactions"))}
+        await _sharded(nodes, everyone)
+        now = int(time.time())
+        note = ALICE.sign(kind=1, content="to the wrong node", created_at=now - 60)
+        reaction = ALICE.sign(kind=7, content="+", created_at=now - 60, tags=[["e", note["id"]]])
+        article = ALICE.sign(kind=30023, content="long", created_at=now - 60, tags=[["d", "a"]])
+        await _publish(nodes["reactions"].url, note)
+        await _publish(nodes["notes"].url, reaction)
+        await _publish(nodes["notes"].url, article)
+
+        names = {note["id"]: "note", reaction["id"]: "reaction", article["id"]: "article"}
+
+        async def placed() -> dict[str, set[str]]:
+            return {name: {names[i] for i in await ids(n.url, {"ids": list(names)})} for name, n in nodes.items()}
+
+        expected = {"archive": {"note", "reaction", "article"}, "notes": {"note", "article"}, "reactions": {"reaction"}}
+        assert await eventually(lambda: _equal(placed(), expected), timeout=40), await placed()
+    finally:
+        await _stop(nodes)
+
+
+async def _sharded(nodes, claims: dict) -> None:
+    """Wait until every node has every claim of `claims` and syncs with each peer by its shards."""
+    for node in nodes.values():
+        assert await eventually(lambda: _has(claim_statuses(node.url), claims), timeout=20), node.name
+        assert await eventually(lambda: all(p.scope is not None for p in node.relay.sync.peers), timeout=20)
+
+
+async def _equal(found, expected) -> bool:
+    return await found == expected
+
+
+async def _has(statuses, expected: dict) -> bool:
+    found = await statuses
+    return all(found.get(k) == v for k, v in expected.items())
+
+
+RECENT = '[[shards]]\nid = "recent"\nfilter = {}\n[[retention.rules]]\nmax_age_days = 2.3e-5\n'  # 2 seconds
+
+
+async def test_retention_removes_an_old_event_only_once_another_node_confirms_it(tmp_path):
+    """A recent-data node (every event, kept 2 s) beside an archive node, min_copies 1: an old event goes from
+    the recent node once its raised `since` has had its wait and the archive returned the event; while the
+    archive is down, an old event published to the recent node stays (no confirmed copy), and goes once the
+    archive is back and holds it."""
+    nodes = fleet(tmp_path, {"archive": ARCHIVE, "recent": RECENT}, copies=1)
+    archive, recent = nodes["archive"], nodes["recent"]
+    try:
+        for node in nodes.values():
+            await start(tmp_path, nodes, node)
+        await _sharded(nodes, {(archive.key.pubkey, "all"): "complete", (recent.key.pubkey, "recent"): "complete"})
+        first = ALICE.sign(kind=1, content="old", created_at=int(time.time()) - 100)
+        await _publish(recent.url, first)
+        assert await eventually(lambda: _equal(ids(archive.url, {"ids": [first["id"]]}), {first["id"]}), timeout=20)
+        assert await eventually(lambda: _equal(ids(recent.url, {"ids": [first["id"]]}), set()), timeout=30)
+        await archive.relay.stop()
+        archive.relay = None
+        second = ALICE.sign(kind=1, content="old too", created_at=int(time.time()) - 100)
+        await _publish(recent.url, second)
+        await asyncio.sleep(12)  # two waits of the raised since (claim_ttl_seconds + max_clock_skew_seconds)
+        assert await ids(recent.url, {"ids": [second["id"]]}) == {second["id"]}
+        await start(tmp_path, nodes, archive)
+        assert await eventually(lambda: _equal(ids(recent.url, {"ids": [second["id"]]}), set()), timeout=40)
+        assert await ids(archive.url, {"ids": [first["id"], second["id"]]}) == {first["id"], second["id"]}
+    finally:
+        await _stop(nodes)
+
+
+async def test_two_nodes_never_remove_the_last_copies_on_each_others_word(tmp_path):
+    """Two recent-data nodes and no archive, min_copies 1: each raised its `since` before it may remove, so
+    neither claim covers the old event when the other looks: both keep it."""
+    nodes = fleet(tmp_path, {"one": RECENT, "two": RECENT}, copies=1)
+    try:
+        for node in nodes.values():
+            await start(tmp_path, nodes, node)
+        await _sharded(nodes, {(n.key.pubkey, "recent"): "complete" for n in nodes.values()})
+        event = ALICE.sign(kind=1, content="old", created_at=int(time.time()) - 100)
+        await _publish(nodes["one"].url, event)
+        await asyncio.sleep(15)  # three waits of the raised since
+        for node in nodes.values():
+            assert await ids(node.url, {"ids": [event["id"]]}) == {event["id"]}, node.name
+    finally:
+        await _stop(nodes)
