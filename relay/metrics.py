@@ -161,6 +161,11 @@ class Metrics:
         """Read the failed sync attempts per configured peer URL from `sync` at each scrape."""
         self._scrape.sync = sync
 
+    def watch_shards(self, shards: Provider[Mapping[str, Mapping[str, float]]]) -> None:
+        """Read each shard's copies, held-back events and claim age (relay/sync/claims.py `ShardKeeper.stats`)
+        at each scrape."""
+        self._scrape.shards = shards
+
     def watch_policies(self, policies: Provider[Mapping[str, Mapping[str, int]]]) -> None:
         """Read the counts per write policy (relay/ingest/policies.py `Policies.stats`) at each scrape."""
         self._scrape.policies = policies
@@ -260,9 +265,15 @@ SYNC_ERRORS = Scraped("relay_sync_errors", "failed sync attempts with a configur
 POLICY_OUTCOMES = Scraped("relay_policy_outcomes", "write policies' events by what happened: rejected, "
                           "shadow_rejected, failed, overruns (of the time budget); plugins: restarts, bad_lines", True,
                           ("policy", "outcome"))
+SHARD_COPIES = Scraped("relay_shard_copies", "other fleet nodes claiming a complete copy of the shard (kind "
+                       "30803); under [sharding] min_copies, its retention and handover wait", labels=("shard",))
+SHARD_HELD_BACK = Scraped("relay_shard_held_back_events", "events the shards' guard kept in its last round for want "
+                          "of min_copies confirmed copies", labels=("shard",))
+SHARD_CLAIM_AGE = Scraped("relay_shard_claim_age_seconds", "seconds since this node's last claim on the shard "
+                          "(-1: none)", labels=("shard",))
 SCRAPED = (CONNECTIONS, SUBSCRIPTIONS, NEG_SESSIONS, NEG_ITEMS, SLOW_READERS, KEEPALIVE, REFUSED_CONNECTIONS,
            DATABASE_BYTES, PROJECTOR_REFUSALS, SYNC_IN, SYNC_OUT, SYNC_SUCCESS, SYNC_LASTING, SYNC_REFUSED,
-           SYNC_ERRORS, POLICY_OUTCOMES)
+           SYNC_ERRORS, POLICY_OUTCOMES, SHARD_COPIES, SHARD_HELD_BACK, SHARD_CLAIM_AGE)
 """Every scrape-time value, in the order of the page."""
 
 _Samples = list[tuple[tuple[str, ...], float]]
@@ -277,6 +288,7 @@ class _ScrapeCollector:
         self.projectors: Provider[Mapping[str, int]] | None = None
         self.sync: Provider[Mapping[str, int]] | None = None
         self.policies: Provider[Mapping[str, Mapping[str, int]]] | None = None
+        self.shards: Provider[Mapping[str, Mapping[str, float]]] | None = None
         self.peers: list[PeerState] = []
 
     def readings(self) -> Iterator[tuple[Scraped, _Samples]]:
@@ -302,6 +314,11 @@ class _ScrapeCollector:
         if self.policies is not None:
             yield POLICY_OUTCOMES, [((name, outcome), count) for name, counts in sorted(self.policies.stats().items())
                                     for outcome, count in sorted(counts.items())]
+        if self.shards is not None:
+            shards = sorted(self.shards.stats().items())
+            for spec, figure in ((SHARD_COPIES, "copies"), (SHARD_HELD_BACK, "held_back"),
+                                 (SHARD_CLAIM_AGE, "claim_age")):
+                yield spec, [((shard,), figures[figure]) for shard, figures in shards]
 
     def collect(self) -> Iterator[Metric]:
         for spec, samples in self.readings():

@@ -54,7 +54,7 @@ from relay.store.projectors.background import build_in_background
 from relay.store.projectors.engine import ProjectorHook
 from relay.store.store import Store
 from relay.store.writes import Changes
-from relay.sync.claims import claims_forever
+from relay.sync.claims import ShardKeeper
 from relay.sync.scheduler import Scheduler, node_key, start_sync
 
 log = structlog.get_logger(__name__)
@@ -102,6 +102,7 @@ class Node:
         self.moderation: Moderation | None = None
         self.server: RelayServer | None = None
         self.sync: Scheduler | None = None
+        self.shards: ShardKeeper | None = None  # with [[shards]]: claims and the guard (relay/sync/claims.py)
         self._background: list[asyncio.Task] = []
 
     async def start(self) -> None:
@@ -162,10 +163,10 @@ class Node:
             self._background.append(asyncio.create_task(retention_forever(store, config), name="retention"))
         if shards_of(config):
             port = self.server.port if self.server is not None else config.server.port
-            url = config.server.public_url or f"ws://{config.server.host}:{port}"
-            self._background.append(asyncio.create_task(
-                claims_forever(config, store, self.ingest, lambda: self.records.node_key, url, protection(config)),
-                name="claims"))
+            self.shards = ShardKeeper(config, store, self.ingest, lambda: self.records.node_key,
+                                      config.server.public_url or f"ws://{config.server.host}:{port}", protection(config))
+            self.metrics.watch_shards(self.shards)
+            self._background.append(asyncio.create_task(self.shards.run(), name="shards"))
         projectors = _projector_hook(store)
         if projectors is not None and projectors.builds:  # new or changed projectors, built while serving
             self._background.append(asyncio.create_task(build_in_background(store, projectors.builds),

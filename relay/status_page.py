@@ -6,7 +6,9 @@ in its own box): the NIP-11 identity (name, description and icon as NIP-11
 serves them, NIP-86's changes included; NIPs, software), the relay's
 WebSocket URL to copy (`[server] public_url`, else the one this request
 names), uptime, events by kind (common kinds named) and the database size,
-the sync peers with their last reconciliation and counts, the projectors
+the sync peers with their last reconciliation and counts, the shards held
+(with `[[shards]]`: this node's claim, the copies claimed elsewhere, the
+events the guard holds back, under-replication), the projectors
 with their rows and state, and the newest refusals: by a projector (stored,
 not projected) or by a write policy (not stored; relay/store/refused.py).
 Nothing private: no database path, no client or peer IP address (a peer
@@ -154,6 +156,7 @@ def render(snapshot: Snapshot, url: str, uptime: float, now: float) -> str:
         f"&middot; up {duration(uptime)}</p></header>",
         _events(status["events"], database["bytes"] + database["wal_bytes"]),
         _peers(status["peers"], now),
+        _shards(status["shards"]) if "shards" in status else "",
         _projectors(status["projectors"]),
         _refusals(snapshot.projector_refusals, snapshot.policy_refusals, status["projectors"]),
         "</body></html>\n",
@@ -210,6 +213,14 @@ def _peers(peers: list[dict], now: float) -> str:
     return _table("peers", "Sync peers", f"{plural(len(peers), 'peer')} (NIP-77)",
                   ("peer", "direction", "last sync", "events in", "events out", "refused", "state"), rows,
                   {"peer": "url", "events in": "n", "events out": "n", "refused": "n"})
+
+
+def _shards(shards: list[dict]) -> str:
+    rows = [(s["id"], s["claim"]["status"] if s["claim"] else "no claim yet", s["claimed_copies"], s["held_back"],
+             "UNDER-REPLICATED: removals wait" if s["under_replicated"] else "replicated") for s in shards]
+    return _table("shards", "Shards", f"{plural(len(shards), 'shard')} held here (kind-30803 claims)",
+                  ("shard", "this node", "copies elsewhere", "held back", "state"), rows,
+                  {"copies elsewhere": "n", "held back": "n"})
 
 
 def _peer_name(url: str, number: int) -> str:

@@ -62,7 +62,8 @@ def _shards(shards: list[dict], now: float) -> list[str]:
         for h in s["holders"]:
             lines.append(f"    {h['pubkey'][:16]}... {h['url']}: {_claim(h, now)}")
         under = ", UNDER-REPLICATED: retention and handover of this shard wait" if s["under_replicated"] else ""
-        lines.append(f"    copies claimed by other nodes: {s['claimed_copies']}{under}")
+        lines.append(f"    copies claimed by other nodes: {s['claimed_copies']}{under}; events held back by the "
+                     f"guard: {s['held_back']}")
         if s["copied_key"]:
             lines.append(f"    COPIED NODE KEY: a claim of this node's key names database instance "
                          f"{s['copied_key']}; this shard is not claimed until one of them has its own key")

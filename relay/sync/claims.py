@@ -13,11 +13,14 @@ claims lapse, so no node counts this one as a copy) and `node_key_copied` is log
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import secrets
 import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import orjson
 import structlog
@@ -26,12 +29,14 @@ from relay.config import Config, ShardConfig, fleet_pubkeys, shards_of
 from relay.ingest.pipeline import Ingest
 from relay.ingest.source import RECORD
 from relay.keys import NodeKey
+from relay.processes import is_running
 from relay.protocol.claims import BUILDING, CLAIM_KIND, COMPLETE, LEAVING, Claim, claim_tags, parse_claim
+from relay.runtime import replace_json, runtime_dir
 from relay.store import db
 from relay.store.retention import Protection
 from relay.store.store import Store
 from relay.store.writes import Changes
-from relay.sync.guard import Cut, Guard, read_cuts
+from relay.sync.guard import Cut, Guard, GuardReport, read_cuts
 from relay.sync.state import read_states
 
 log = structlog.get_logger(__name__)
@@ -39,6 +44,8 @@ log = structlog.get_logger(__name__)
 INSTANCE_KEY = "fleet_instance"
 """`meta` key of this database's random instance id (the claims' `instance` tag)."""
 MAX_CLAIMS = 100_000  # claims read at once: nodes x shards of a fleet, with room
+GUARD_FILE = "shards.json"
+"""The runtime directory's file of the last guard round (`ShardKeeper.round`), read by `relay status`."""
 
 
 def read_claims(conn: sqlite3.Connection) -> list[Claim]:
@@ -153,36 +160,79 @@ async def publish_claims(config: Config, store: Store, ingest: Ingest, key: Node
     return found
 
 
-async def claims_forever(config: Config, store: Store, ingest: Ingest, key: Callable[[], NodeKey], url: str,
-                         protection: Protection) -> None:
-    """Every `[sharding] claim_interval_seconds` until cancelled, from now: the guard removes what other nodes
-    confirm and announces the cuts due (relay/sync/guard.py, whose `protection` keeps what retention never
-    removes), then this node's claims are published.  A failed round is logged and tried again."""
-    guard = None
-    while True:
+class ShardKeeper:
+    """This node's side of the fleet, a task of the writer: every `[sharding] claim_interval_seconds`, the guard
+    removes what other nodes confirm and announces the cuts due (relay/sync/guard.py, whose `protection` keeps
+    what retention never removes), then this node's claims are published.  A failed round is logged and tried
+    again.  `stats()` gives the last round's figures (metrics); `GUARD_FILE` in the runtime directory, for
+    `relay status`, the events held back."""
+
+    def __init__(self, config: Config, store: Store, ingest: Ingest, key: Callable[[], NodeKey], url: str,
+                 protection: Protection) -> None:
+        self.config, self.store, self.ingest, self.url = config, store, ingest, url
+        self._key, self._protection = key, protection
+        self.guard: Guard | None = None
+        self._stats: dict[str, dict[str, float]] = {}
+
+    async def run(self) -> None:
+        """Rounds until cancelled."""
+        while True:
+            try:
+                await self.round()
+            except Exception as exc:  # the one place this task catches: log, try again next interval
+                log.error("claims_failed", error=repr(exc), exc_info=exc)
+            await asyncio.sleep(self.config.sharding.claim_interval_seconds)
+
+    async def round(self) -> GuardReport:
+        """One round (see the class docstring); returns the guard's report."""
+        self.guard = guard = self.guard or Guard(self.config, self.store, self._key(), self._protection)
+        report = await guard.round(await self.store.read_snapshot(read_claims))
+        if report.removed or report.held_back:
+            log.info("shard_guard_round", removed=report.removed, held_back=report.held_back,
+                     confirmations=report.confirmations)
+        await guard.announce(int(time.time()))
+        await publish_claims(self.config, self.store, self.ingest, guard.key, self.url)
+        states = await self.store.read_snapshot(shard_states, self.config, None, report.held_back)
+        self._stats = {s["id"]: {"copies": s["claimed_copies"], "held_back": report.held_back.get(s["id"], 0),
+                                 "claim_age": s["claim"]["age_seconds"] if s["claim"] else -1} for s in states}
         try:
-            guard = guard or Guard(config, store, key(), protection)
-            report = await guard.round(await store.read_snapshot(read_claims))
-            if report.removed or report.held_back:
-                log.info("shard_guard_round", removed=report.removed, held_back=report.held_back,
-                         confirmations=report.confirmations)
-            await guard.announce(int(time.time()))
-            await publish_claims(config, store, ingest, guard.key, url)
-        except Exception as exc:  # the one place this task catches: log, try again next interval
-            log.error("claims_failed", error=repr(exc), exc_info=exc)
-        await asyncio.sleep(config.sharding.claim_interval_seconds)
+            replace_json(runtime_dir(self.config.store.path) / GUARD_FILE,
+                         {"pid": os.getpid(), "at": int(time.time()), "held_back": report.held_back})
+        except OSError:  # status only: the log says the same
+            pass
+        return report
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Shard id -> {"copies": complete claims of other fleet nodes, "held_back": events the guard kept for
+        want of confirmed copies in the last round, "claim_age": seconds since this node's claim (-1: none)}."""
+        return self._stats
 
 
-def shard_states(conn: sqlite3.Connection, config: Config, now: int | None = None) -> list[dict]:
+def read_guard_state(runtime: Path) -> dict[str, int]:
+    """Events held back in the running relay's last guard round, by shard id ("": foreign events); {} when
+    the file cannot be read or its writer is no longer running."""
+    try:
+        body = json.loads((runtime / GUARD_FILE).read_text(encoding="utf-8"))
+        pid, held = int(body["pid"]), {str(k): int(v) for k, v in body["held_back"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+    return held if is_running(pid) else {}
+
+
+def shard_states(conn: sqlite3.Connection, config: Config, now: int | None = None,
+                 held_back: dict[str, int] | None = None) -> list[dict]:
     """Each declared shard as `relay status` shows it (JSON-ready; times in unix seconds):
     `{"id", "filter": {...}, "hold", "claim": this node's claim or None, "holders": [other fleet
     nodes' live claims on it], "claimed_copies": how many of them are complete, "under_replicated":
     claimed_copies < [sharding] min_copies, "copied_key": the other instance when a claim of this node's key
-    names another database, else None}`; a claim as `claim_dict` gives it."""
+    names another database, else None, "held_back": events the guard kept in its last round for want of
+    confirmed copies}`; a claim as `claim_dict` gives it.  `held_back` by shard id: given, else the running
+    relay's (`read_guard_state`)."""
     now = int(time.time()) if now is None else now
     claims, instance = read_claims(conn), read_instance(conn)
     fleet = fleet_pubkeys(config)
     mine = {c.pubkey for c in claims if c.instance == instance}
+    held_back = read_guard_state(runtime_dir(config.store.path, create=False)) if held_back is None else held_back
     out = []
     for shard in shards_of(config):
         ours = next((c for c in claims if c.shard_id == shard.id and c.instance == instance), None)
@@ -193,7 +243,8 @@ def shard_states(conn: sqlite3.Connection, config: Config, now: int | None = Non
         out.append({"id": shard.id, "filter": orjson.loads(shard.filter), "hold": shard.hold,
                     "claim": claim_dict(ours, now) if ours else None,
                     "holders": [claim_dict(c, now) for c in others], "claimed_copies": complete,
-                    "under_replicated": complete < config.sharding.min_copies, "copied_key": copied})
+                    "under_replicated": complete < config.sharding.min_copies, "copied_key": copied,
+                    "held_back": held_back.get(shard.id, 0)})
     return out
 
 

@@ -93,15 +93,23 @@ def claim_filter(filter_json: str) -> Filter | None:
         return None
 
 
+FOREIGN = ""
+"""The `GuardReport.held_back` key of foreign events (in none of this node's shards)."""
+
+
 @dataclass
 class GuardReport:
-    """One round: events `removed`, `held_back` (too few confirmed copies), cuts `announced`, and the
-    `confirmations` asked (REQs by ids sent to other nodes)."""
+    """One round: events `removed`, events `held_back` by shard id (FOREIGN: foreign events) for too few
+    confirmed copies, and the `confirmations` asked (REQs by ids sent to other nodes)."""
 
     removed: int = 0
-    held_back: int = 0
-    announced: list[str] = field(default_factory=list)
+    held_back: dict[str, int] = field(default_factory=dict)
     confirmations: int = 0
+
+    def hold_back(self, shard: ShardConfig | None, count: int = 1) -> None:
+        """Count `count` events of `shard` (None: foreign) kept for want of confirmed copies."""
+        key = FOREIGN if shard is None else shard.id
+        self.held_back[key] = self.held_back.get(key, 0) + count
 
 
 def rule_cutoff(config: Config, kind: int, now: int) -> int | None:
@@ -224,7 +232,7 @@ class Guard:
                     if len({c.pubkey for c in holders}) >= self.config.sharding.min_copies:
                         candidates.append((row, holders))
                     else:
-                        report.held_back += 1
+                        report.hold_back(shard)
             if candidates:
                 await self._confirm_and_remove(shard, candidates, now, report)
             if len(rows) < batch:
@@ -246,7 +254,7 @@ class Guard:
                 confirmed[event_id].add(pubkey)
         minimum = self.config.sharding.min_copies
         removable = [row for row, _ in candidates if len(confirmed[row.id.hex()]) >= minimum]
-        report.held_back += len(candidates) - len(removable)
+        report.hold_back(shard, len(candidates) - len(removable))
         if not removable:
             return
         removed = await self.store.run_job(evict_ids, [r.id for r in removable], now,

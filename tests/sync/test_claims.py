@@ -3,6 +3,7 @@ shards, the status it claims, a copied node key, and what `relay status` and `re
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -13,7 +14,7 @@ from relay.sync.claims import plan, publish_claims
 from tests.conftest import make_config
 from tests.helpers import Client, Keys, eventually
 from tests.inprocess import running
-from tests.served import relay_cli_async
+from tests.served import http_get, relay_cli_async
 
 SHARDS = """
 [sharding]
@@ -146,3 +147,10 @@ async def test_status_and_shards_show_the_fleet_claims_and_a_copied_key(tmp_path
         assert ours["this_node"] and not ours["counted"]
         assert rows[("notes", OTHER.pubkey, "o" * 32)]["counted"]
         assert not rows[("reactions", key.pubkey, "c" * 32)]["this_node"]
+        await relay.node.shards.round()  # the figures of the metrics and the status page
+        _, _, metrics = await asyncio.to_thread(http_get, relay.port, "/metrics")
+        assert 'relay_shard_copies{shard="notes"} 1.0' in metrics.decode()
+        assert 'relay_shard_held_back_events{shard="notes"} 0.0' in metrics.decode()
+        _, _, page = await asyncio.to_thread(http_get, relay.port, "/", {"Accept": "text/html"})
+        assert "<td>notes</td><td>complete</td>" in page.decode()
+        assert "UNDER-REPLICATED: removals wait" in page.decode()
