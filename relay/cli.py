@@ -1,5 +1,5 @@
 """The `relay` command line: serve, import, export, sync, status, changes, key, backup, verify, projectors, query,
-ban, unban, bans, record.
+ban, unban, bans, record, shards.
 
 This module parses the arguments and dispatches; the bodies are in
 relay/commands/ (and `relay serve` is relay/node.py's `run`).
