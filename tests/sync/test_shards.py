@@ -122,3 +122,36 @@ async def test_two_nodes_never_remove_the_last_copies_on_each_others_word(tmp_pa
             assert await ids(node.url, {"ids": [event["id"]]}) == {event["id"]}, node.name
     finally:
         await _stop(nodes)
+
+
+async def test_a_handed_over_shard_goes_once_its_holders_have_it_and_comes_back_when_taken_again(tmp_path):
+    """`hold = false` on one of two nodes of kind 1 (with an archive, min_copies 2): it claims `leaving` and
+    removes its notes once both others returned them; `hold = true` again forgets the handover, and sync
+    fetches them back."""
+    nodes = fleet(tmp_path, {"archive": ARCHIVE, "notes": NOTES, "leaver": NOTES}, copies=2)
+    leaver = nodes["leaver"]
+    try:
+        for node in nodes.values():
+            await start(tmp_path, nodes, node)
+        await _sharded(nodes, {(n.key.pubkey, s): "complete" for n, s in
+                               ((nodes["archive"], "all"), (nodes["notes"], "notes"), (leaver, "notes"))})
+        notes = [ALICE.sign(kind=1, content=f"n{i}", created_at=int(time.time()) - 10) for i in range(3)]
+        for note in notes:
+            await _publish(leaver.url, note)
+        every = {n["id"] for n in notes}
+        for node in nodes.values():
+            assert await eventually(lambda: _equal(ids(node.url, {"ids": list(every)}), every), timeout=20)
+        await leaver.relay.stop()
+        leaver.toml = leaver.toml.replace('filter = {kinds = [1]}\n', 'filter = {kinds = [1]}\nhold = false\n')
+        await start(tmp_path, nodes, leaver)
+        assert await eventually(lambda: _has(claim_statuses(nodes["notes"].url),
+                                             {(leaver.key.pubkey, "notes"): "leaving"}), timeout=20)
+        assert await eventually(lambda: _equal(ids(leaver.url, {"ids": list(every)}), set()), timeout=40)
+        for name in ("archive", "notes"):
+            assert await ids(nodes[name].url, {"ids": list(every)}) == every, name
+        await leaver.relay.stop()
+        leaver.toml = leaver.toml.replace("hold = false\n", "")
+        await start(tmp_path, nodes, leaver)
+        assert await eventually(lambda: _equal(ids(leaver.url, {"ids": list(every)}), every), timeout=40)
+    finally:
+        await _stop(nodes)
