@@ -56,12 +56,14 @@ _DAY_SECONDS = 86_400
 
 @dataclass(frozen=True)
 class Cut:
-    """An announced removal in a shard: events created before `since` (unix seconds), or, `leaving`, every
-    event of a handover; removable from `announced_at` + the claims' lifetime + the clock skew."""
+    """An announced removal in a shard of `filter`: events created before `since` (unix seconds), or,
+    `leaving`, every event of a handover; removable from `announced_at` + the claims' lifetime + the clock
+    skew.  A held shard has one from its first round (`since` 0 until a rule applies)."""
 
     since: int
     announced_at: int
     leaving: bool = False
+    filter: str = ""
 
 
 def read_cuts(conn) -> dict[str, Cut]:
@@ -153,22 +155,25 @@ class Guard:
 
     async def announce(self, now: int) -> list[str]:
         """Store the cuts due at `now` (a `since` raised once the cut before has matured, a new handover; a
-        shard taken back forgets its handover); returns the ids of the shards whose claims must be
-        republished.  Run after `round`, which removes what the matured cuts allow."""
+        shard newly held or taken back forgets what was handed over and what was removed as foreign, which
+        sync may then fetch again); returns the ids of the shards whose claims must be republished.  Run
+        after `round`, which removes what the matured cuts allow."""
         cuts = await self.store.read_snapshot(read_cuts)
         changed = []
         for shard in self.shards:
             cut = cuts.get(shard.id)
             if not shard.hold:
-                new = cut if cut is not None and cut.leaving else Cut(now, now, leaving=True)
-            elif cut is not None and cut.leaving:
-                await self.store.run_job(forget_evictions, shard.id)  # taken back: sync may fetch them again
-                new = None
-            elif cut is not None and not self.matured(cut, now):
+                new = cut if cut is not None and cut.leaving else Cut(now, now, True, shard.filter)
+            elif cut is None or cut.leaving or cut.filter != shard.filter:
+                # newly held (or taken back): what was handed over or removed as foreign may be fetched again
+                for forgotten in (shard.id, FOREIGN):
+                    await self.store.run_job(forget_evictions, forgotten)
+                new = Cut(max(shard_cutoff(self.config, shard, now) or 0, 0), now, filter=shard.filter)
+            elif not self.matured(cut, now):
                 new = cut  # raised again only once its removals have had their turn
             else:
                 since = shard_cutoff(self.config, shard, now)
-                new = cut if since is None or (cut is not None and cut.since >= since) else Cut(since, now)
+                new = cut if since is None or cut.since >= since else Cut(since, now, filter=shard.filter)
             if new != cut:
                 await self.store.run_job(write_cut, shard.id, new)
                 changed.append(shard.id)
@@ -257,14 +262,12 @@ class Guard:
         report.hold_back(shard, len(candidates) - len(removable))
         if not removable:
             return
-        removed = await self.store.run_job(evict_ids, [r.id for r in removable], now,
-                                           shard.id if shard is not None and not shard.hold else None)
+        remembered = FOREIGN if shard is None else None if shard.hold else shard.id  # forgotten when taken
+        removed = await self.store.run_job(evict_ids, [r.id for r in removable], now, remembered)
         report.removed += removed
         relied = sorted({c.event_id for row, holders in candidates if row in removable for c in holders})
         log.info("shard_events_removed", shard=shard.id if shard else None, why=_why(shard), removed=removed,
-                 ids=[r.id.hex() for r in removable][:20], claims=relied,
-                 confirmations={pubkey: sum(1 for r in removable if pubkey in confirmed[r.id.hex()])
-                                for pubkey, _ in asked})
+                 claims=relied, confirmed_by={r.id.hex(): sorted(confirmed[r.id.hex()]) for r in removable})
 
     async def _held_by(self, url: str, ids: list[str]) -> set[str]:
         """The ids among `ids` the node at `url` returns to a REQ by ids, each checked (id and signature); an
