@@ -37,6 +37,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from relay.protocol.negentropy import Negentropy, NegentropyError
 from relay.keys import NodeKey, encode_auth_response
+from relay.wire.websocket import send_texts
 
 log = structlog.get_logger(__name__)
 
@@ -179,17 +180,11 @@ class PeerConnection:
         await self._send_many((message,))
 
     async def _send_many(self, messages) -> None:
-        """Write UTF-8 JSON messages as text frames, paying websockets' flow-control wait once.
-
-        `send_context` and `protocol.send_text` are the primitives websockets'
-        own `send` uses (as in server/wire/websocket.py).
-        """
+        """Write UTF-8 JSON messages as text frames, paying websockets' flow-control wait once (`send_texts`)."""
         if self._failed.done():
             raise self._failed.exception()
         try:
-            async with self._ws.send_context():
-                for message in messages:
-                    self._ws.protocol.send_text(message)
+            await send_texts(self._ws, messages)
         except ConnectionClosed as exc:
             self._fail(self._closed_error(exc))
             raise self._failed.exception() from None
