@@ -10,7 +10,6 @@ import stat
 import time
 from pathlib import Path
 
-import orjson
 import structlog
 from coincurve import PrivateKey
 
@@ -121,8 +120,3 @@ def load_or_create(path: Path) -> NodeKey:
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         log.warning("node_key_readable_by_others", path=str(path), mode=oct(mode & 0o777))
     return key
-
-
-def encode_auth_response(event: dict) -> bytes:
-    """`["AUTH", <signed event>]` (NIP-42, client to relay)."""
-    return orjson.dumps(["AUTH", event])

@@ -47,7 +47,7 @@ from relay.metrics import CONTENT_TYPE, Metrics
 from relay.protocol.event import Event
 from relay.retention import is_configured, protection, retention_forever
 from relay.server.app import RelayServer
-from relay.server.wire.http import HttpRequest, HttpResponse
+from relay.wire.http import HttpRequest, HttpResponse
 from relay.status_page import StatusPage
 from relay.store.location import DatabaseUnusable, check_location
 from relay.store.projectors.background import build_in_background

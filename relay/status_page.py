@@ -38,7 +38,7 @@ from relay.config import Config
 from relay.ingest.moderation import Moderation
 from relay.protocol.kinds import kind_label
 from relay.server import nip11
-from relay.server.wire.http import HttpRequest, HttpResponse
+from relay.wire.http import HttpRequest, HttpResponse
 from relay.status import duration, gather_status, recent_refusals
 from relay.store import refused
 from relay.store.db import connect_readonly

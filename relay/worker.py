@@ -50,7 +50,7 @@ from relay.processes import die_with_parent
 from relay.runtime import runtime_dir
 from relay.server.app import RelayServer
 from relay.server.ratelimit import open_ip_table
-from relay.server.wire.http import HttpRequest, HttpResponse
+from relay.wire.http import HttpRequest, HttpResponse
 from relay.store.store import Store
 
 log = structlog.get_logger("relay.worker")  # (not __name__: run as __main__, outside the "relay" logger)

@@ -23,6 +23,7 @@ LAYERS: list[set[str]] = [
     {"keys"},
     {"policies"},  # write policies and the strfry plugin protocol, run by ingest
     {"ingest"},
+    {"wire"},  # websockets and HTTP on a socket, server and client sides: below everything that speaks on one
     {"server", "sync", "channel"},
     {"node", "worker", "supervisor", "metrics", "retention", "hooks", "status", "status_page", "locks"},
     {"commands", "cli", "arguments", "__main__"},

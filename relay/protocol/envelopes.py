@@ -190,16 +190,25 @@ def parse_client_message(data: str | bytes, max_filters: int, max_items: int = 1
     raise MessageError(Rejection("invalid", f"unknown message type {verb[:32]!r}"), verb)
 
 
-def _neg_hex(value: object, verb: str, sub_id: str) -> bytes:
+def decode_hex(value: object) -> bytes | None:
+    """The bytes of a NIP-77 message sent as hex: `value` a string of an even number of 0-9a-fA-F characters;
+    None for anything else."""
     # bytes.fromhex skips whitespace between digit pairs: the decoded length tells it apart
     if type(value) is str and value.isascii():
         try:
             decoded = bytes.fromhex(value)
-            if 2 * len(decoded) == len(value):
-                return decoded
         except ValueError:
-            pass
-    raise MessageError(Rejection("invalid", "negentropy message must be a hex string"), verb, sub_id)
+            return None
+        if 2 * len(decoded) == len(value):
+            return decoded
+    return None
+
+
+def _neg_hex(value: object, verb: str, sub_id: str) -> bytes:
+    decoded = decode_hex(value)
+    if decoded is None:
+        raise MessageError(Rejection("invalid", "negentropy message must be a hex string"), verb, sub_id)
+    return decoded
 
 
 def _parse_neg(message: list, verb: str, max_items: int):
@@ -259,7 +268,8 @@ def encode_count(sub_id: str, count: int) -> bytes:
 
 
 def encode_neg_msg(sub_id: str, message: bytes) -> bytes:
-    """`["NEG-MSG", <sub_id>, <message as lowercase hex>]` (NIP-77); `message` is a negentropy message."""
+    """`["NEG-MSG", <sub_id>, <message as lowercase hex>]` (NIP-77, either way: relay and client send the same);
+    `message` is a negentropy message."""
     return orjson.dumps(["NEG-MSG", sub_id, message.hex()])
 
 

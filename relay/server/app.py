@@ -40,9 +40,9 @@ from relay.server.ratelimit import TOO_MANY_CONNECTIONS, RateLimits
 from relay.server.search import live_search
 from relay.server.subscriptions import SubscriptionIndex
 from relay.server.tables import TablesApi
-from relay.server.wire.handshake import RoutedServerConnection
-from relay.server.wire.http import Handler, HttpRequest, HttpResponse, Routes
-from relay.server.wire.websocket import reset
+from relay.wire.handshake import RoutedServerConnection
+from relay.wire.http import Handler, HttpRequest, HttpResponse, Routes
+from relay.wire.websocket import reset
 from relay.store.store import Store
 
 log = structlog.get_logger(__name__)
@@ -100,7 +100,7 @@ class RelayServer:
         # None (one process): "ok".
         self.health: Callable[[], tuple[bool, dict]] | None = None
         self.server_header: dict = {}  # a worker process names itself in its handshakes' Server header
-        self.routes = self._routes(metrics_page)  # HTTP on the WebSocket port (relay/server/wire/http.py)
+        self.routes = self._routes(metrics_page)  # HTTP on the WebSocket port (relay/wire/http.py)
         self._connection_services = self._connection_parts()
 
     async def listen(self, sock: socket.socket | None = None) -> None:

@@ -1,7 +1,7 @@
 """One WebSocket client: read a message, parse it, hand it to its verb's handler; until the socket closes.
 
 How this works: the layers of a connection live apart.  `Wire`
-(relay/server/wire/) is its socket: frames, keepalive, the peer's progress.
+(relay/wire/) is its socket: frames, keepalive, the peer's progress.
 `Outbox` (relay/server/outbox.py) queues OKs and live events for one sender
 task and decides when a reader is too slow.  Each verb has its handler
 (relay/server/handlers/), given a `Context` with what it may use rather than
@@ -35,7 +35,7 @@ from relay.server.keepalive import Keepalive
 from relay.server.negentropy import NegentropyService
 from relay.server.outbox import Outbox
 from relay.server.subscriptions import SubscriptionIndex, Subscriptions
-from relay.server.wire.websocket import Wire
+from relay.wire.websocket import Wire
 
 log = structlog.get_logger(__name__)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from relay.server.wire.websocket import PROGRESS_CHECK_SECONDS, Progress, Wire
+from relay.wire.websocket import PROGRESS_CHECK_SECONDS, Progress, Wire
 
 
 class _Watch:

@@ -36,7 +36,7 @@ from relay.protocol.nip98 import check_http_auth
 from relay.protocol.rejection import Rejection
 from relay.server import roles
 from relay.server.rpc import Method, MethodError, hex64, param, pubkey
-from relay.server.wire.http import HttpRequest, HttpResponse, route_path
+from relay.wire.http import HttpRequest, HttpResponse, route_path
 from relay.store import auth_claims
 from relay.store import moderation as lists
 from relay.store.store import JobFailed, StoreFailed

@@ -13,7 +13,7 @@ slowness).
 
 A REQ's stored results do not wait here: they are written in `chunks`
 under the relay's byte budget (`stored_results_refusal`), and a reader
-taking them slower than a minimum rate (`RateWindow`) is dropped too.
+taking them slower than a minimum rate (`RateWindow`, relay/wire/websocket.py) is dropped too.
 Nothing here touches a socket; `run` is given the function that writes.
 """
 
@@ -160,30 +160,6 @@ class Outbox:
                 self._writing = False
                 self.in_flight -= oks
                 self._slot_freed.set()
-
-
-class RateWindow:
-    """Whether a peer takes one stored answer at `min_rate` bytes per second at least, over windows of
-    `seconds`: when the current window began (loop seconds; None before the first look) and the
-    taken-bytes count then (`Wire.taken_bytes`)."""
-
-    __slots__ = ("seconds", "min_rate", "start", "taken")
-
-    def __init__(self, seconds: float, min_rate: float) -> None:
-        self.seconds = seconds
-        self.min_rate = min_rate
-        self.start: float | None = None
-        self.taken = 0
-
-    def too_slow(self, now: float, taken: int) -> bool:
-        """True when the window has lasted `seconds` and less than `min_rate` bytes per second were taken in it;
-        a window that has lasted that long and was fast enough is begun again at `now`."""
-        if self.start is not None and now - self.start < self.seconds:
-            return False
-        if self.start is not None and taken - self.taken < self.min_rate * (now - self.start):
-            return True
-        self.start, self.taken = now, taken
-        return False
 
 
 def chunks(stored: list[bytes]) -> Iterator[tuple[list[bytes], int]]:

@@ -20,7 +20,7 @@ import orjson
 
 from relay.config import Config
 from relay.server.ratelimit import REFUSALS, REQS, RateLimits
-from relay.server.wire.http import HttpRequest, HttpResponse, Routes
+from relay.wire.http import HttpRequest, HttpResponse, Routes
 from relay.store.records import DEFAULT_LIMIT, RecordQueryError, Records, TableBuilding
 from relay.store.store import Store
 

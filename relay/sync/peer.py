@@ -3,7 +3,8 @@
 How this works
 --------------
 `PeerConnection.open` connects and starts one reader task.  The reader
-routes each relay message by its verb:
+parses each frame (relay/protocol/client.py, which also encodes what we
+send) and routes the message by its type:
 
 - `OK` resolves the future of the EVENT (or AUTH) with that id;
 - `EVENT`, `EOSE`, `CLOSED` go to the subscription with that sub_id (a
@@ -13,6 +14,9 @@ routes each relay message by its verb:
 - `AUTH` challenges are answered at once with the node key (NIP-42);
 - `NOTICE` breaks the connection: every wait fails with `PeerNotice`, since
   a peer that answers NOTICE did not understand or refused what we sent.
+
+A frame that is no relay message is logged and ignored, unless it names a
+request of ours, which then fails naming it (`_on_malformed`).
 
 A request refused with `auth-required:` waits until the peer accepts one of
 our AUTH events, then is sent once more; if the peer refused our AUTH, the
@@ -35,8 +39,13 @@ import structlog
 import websockets
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
+from relay.keys import NodeKey
+from relay.protocol.client import (RelayAuth, RelayClosed, RelayEose, RelayEvent, RelayMessage, RelayMessageError,
+                                   RelayNegErr, RelayNegMsg, RelayNotice, RelayOk, encode_auth_response, encode_close,
+                                   encode_neg_close, encode_neg_msg, encode_neg_open, encode_publish, encode_req,
+                                   parse_relay_message)
 from relay.protocol.negentropy import Negentropy, NegentropyError
-from relay.keys import NodeKey, encode_auth_response
+from relay.wire.websocket import send_texts
 
 log = structlog.get_logger(__name__)
 
@@ -179,17 +188,11 @@ class PeerConnection:
         await self._send_many((message,))
 
     async def _send_many(self, messages) -> None:
-        """Write UTF-8 JSON messages as text frames, paying websockets' flow-control wait once.
-
-        `send_context` and `protocol.send_text` are the primitives websockets'
-        own `send` uses (as in server/wire/websocket.py).
-        """
+        """Write UTF-8 JSON messages as text frames, paying websockets' flow-control wait once (`send_texts`)."""
         if self._failed.done():
             raise self._failed.exception()
         try:
-            async with self._ws.send_context():
-                for message in messages:
-                    self._ws.protocol.send_text(message)
+            await send_texts(self._ws, messages)
         except ConnectionClosed as exc:
             self._fail(self._closed_error(exc))
             raise self._failed.exception() from None
@@ -230,12 +233,12 @@ class PeerConnection:
             async for frame in self._ws:
                 self._last_received = self._loop.time()
                 try:
-                    message = orjson.loads(frame)
-                except orjson.JSONDecodeError:
-                    log.warning("peer_bad_json", peer=self.url, size=len(frame))
+                    message = parse_relay_message(frame)
+                except RelayMessageError as exc:
+                    log.warning("peer_bad_message", peer=self.url, size=len(frame), error=str(exc))
+                    self._on_malformed(exc)
                     continue
-                if type(message) is list and message and type(message[0]) is str:
-                    self._route(message)
+                self._route(message)
             self._fail(self._closed_error(None))
         except ConnectionClosed as exc:
             self._fail(self._closed_error(exc))
@@ -249,34 +252,46 @@ class PeerConnection:
             return PeerError(f"{self.url} closed the connection (code {self._ws.close_code}{reason})")
         return PeerError(f"connection to {self.url} lost{f': {exc}' if exc else ''}")
 
-    def _route(self, m: list) -> None:
-        verb, n = m[0], len(m)
-        if verb == "NOTICE":
-            self._fail(PeerNotice(str(m[1]) if n > 1 else ""))
+    def _route(self, message: RelayMessage) -> None:
+        match message:
+            case RelayNotice(text):
+                self._fail(PeerNotice(text))
+            case RelayEvent(sub_id, event):
+                sub = self._subs.get(sub_id)
+                if sub is not None and sub.on_event is not None:
+                    sub.on_event(event)
+                elif sub is not None:
+                    sub.events.append(event)
+                    sub.last = self._last_received
+            case RelayOk(event_id, accepted, text):
+                self._on_ok(event_id, accepted, text)
+            case RelayEose(sub_id):
+                sub = self._subs.get(sub_id)
+                if sub is not None and sub.done is not None and not sub.done.done():
+                    sub.done.set_result(sub.events)
+            case RelayClosed(sub_id, text):
+                self._on_closed(sub_id, text)
+            case RelayNegMsg(sub_id) | RelayNegErr(sub_id):
+                if (queue := self._negs.get(sub_id)) is not None:
+                    queue.put_nowait(message)
+            case RelayAuth(challenge):
+                self._answer_challenge(challenge)
+            # a COUNT answers no request of ours
+
+    def _on_malformed(self, error: RelayMessageError) -> None:
+        """A frame that is no relay message is ignored, unless it is a NOTICE (of any shape, it breaks the
+        connection) or names a request of ours, which then ends as if refused, naming the error: an OK's
+        event, a CLOSED's subscription, a NEG-MSG's or NEG-ERR's reconciliation."""
+        if error.verb == "NOTICE":
+            self._fail(PeerNotice(str(error)))
+        elif error.ref is None:
             return
-        if n < 2 or type(m[1]) is not str:
-            return  # every other relay message names a subscription, an event id or a challenge: a string
-        if verb == "EVENT" and n >= 3:
-            sub = self._subs.get(m[1])
-            if sub is not None and sub.on_event is not None:
-                sub.on_event(m[2])
-            elif sub is not None:
-                sub.events.append(m[2])
-                sub.last = self._last_received
-        elif verb == "OK" and n >= 3:
-            self._on_ok(m[1], m[2] is True, m[3] if n > 3 and type(m[3]) is str else "")
-        elif verb == "EOSE":
-            sub = self._subs.get(m[1])
-            if sub is not None and sub.done is not None and not sub.done.done():
-                sub.done.set_result(sub.events)
-        elif verb == "CLOSED":
-            self._on_closed(m[1], m[2] if n > 2 and type(m[2]) is str else "")
-        elif verb in ("NEG-MSG", "NEG-ERR") and n >= 3:
-            queue = self._negs.get(m[1])
-            if queue is not None:
-                queue.put_nowait((verb, m[2]))
-        elif verb == "AUTH":
-            self._answer_challenge(m[1])
+        elif error.verb == "OK":
+            self._on_ok(error.ref, False, f"malformed OK: {error}")
+        elif error.verb == "CLOSED":
+            self._on_closed(error.ref, f"malformed CLOSED: {error}")
+        elif error.verb in ("NEG-MSG", "NEG-ERR") and (queue := self._negs.get(error.ref)) is not None:
+            queue.put_nowait(error)
 
     def _on_ok(self, event_id: str, accepted: bool, message: str) -> None:
         if event_id in self._auth_ids:
@@ -345,7 +360,7 @@ class PeerConnection:
             await self._await_auth(refusal, "the live subscription")
             sub = self._subs.get(sub_id)
             if sub is not None and sub.on_event is not None:
-                await self._send(sub_request(sub_id, sub.filter_obj))
+                await self._send(encode_req(sub_id, sub.filter_obj))
         except PeerError as exc:
             self._fail(exc)
 
@@ -383,7 +398,7 @@ class PeerConnection:
             for event_id, _ in todo:
                 self._oks.setdefault(event_id, []).append(on_ok)
             try:
-                await self._send_many([b'["EVENT",' + raw + b"]" for _, raw in todo])
+                await self._send_many([encode_publish(raw) for _, raw in todo])
                 await self._wait(done, f"{len(todo)} EVENTs (OK replies)", lambda: last)
             finally:
                 for event_id, _ in todo:
@@ -420,7 +435,7 @@ class PeerConnection:
             sub = _Subscription(filter_obj, self._loop.create_future(), None)
             self._subs[sub_id] = sub
             try:
-                await self._send(sub_request(sub_id, filter_obj))
+                await self._send(encode_req(sub_id, filter_obj))
                 sub.last = self._loop.time()
                 try:
                     return await self._wait(sub.done, f"REQ of {len(ids)} ids", lambda: sub.last)
@@ -434,7 +449,7 @@ class PeerConnection:
             finally:
                 self._subs.pop(sub_id, None)
                 if not self._failed.done():
-                    await self._send_quietly(orjson.dumps(["CLOSE", sub_id]))
+                    await self._send_quietly(encode_close(sub_id))
 
     async def subscribe(self, filter_obj: dict, on_event: Callable[[object], None]) -> str:
         """Open a live REQ with `filter_obj`; `on_event(obj)` gets every event (unvalidated). Returns the sub_id.
@@ -444,7 +459,7 @@ class PeerConnection:
         sub_id = f"live-{next(self._ids)}"
         sub = _Subscription(filter_obj, None, on_event)
         self._subs[sub_id] = sub
-        await self._send(sub_request(sub_id, filter_obj))
+        await self._send(encode_req(sub_id, filter_obj))
         return sub_id
 
     async def reconcile(self, filter_obj: dict, neg: Negentropy,
@@ -459,42 +474,43 @@ class PeerConnection:
             answer to NEG-OPEN), refused it, sent a malformed message, or timed out.
         """
         sub_id = f"neg-{next(self._ids)}"
-        queue: asyncio.Queue = asyncio.Queue()
+        queue: asyncio.Queue[RelayNegMsg | RelayNegErr | RelayMessageError] = asyncio.Queue()
         self._negs[sub_id] = queue
         first = neg.initiate()
         opened = False
         try:
-            await self._send(orjson.dumps(["NEG-OPEN", sub_id, filter_obj, first.hex()]))
+            await self._send(encode_neg_open(sub_id, filter_obj, first))
             opened = True
             answered, retried, rounds = False, False, 0
             while True:
-                verb, payload = await self._first_answer(queue) if not answered else \
+                answer = await self._first_answer(queue) if not answered else \
                     await self._wait(queue.get(), "NEG-MSG")
                 answered = True
-                if verb == "NEG-ERR":
-                    text = str(payload)
-                    if text.startswith(AUTH_REQUIRED) and not retried:
+                if isinstance(answer, RelayMessageError):
+                    raise PeerError(f"{self.url} sent a malformed {answer.verb}: {answer}")
+                if isinstance(answer, RelayNegErr):
+                    if answer.reason.startswith(AUTH_REQUIRED) and not retried:
                         retried, answered = True, False
-                        await self._await_auth(text, "NEG-OPEN")
-                        await self._send(orjson.dumps(["NEG-OPEN", sub_id, filter_obj, first.hex()]))
+                        await self._await_auth(answer.reason, "NEG-OPEN")
+                        await self._send(encode_neg_open(sub_id, filter_obj, first))
                         continue
                     opened = False  # NIP-77: NEG-ERR closes the session
-                    raise PeerError(f"{self.url} refused negentropy sync: NEG-ERR {text!r}")
+                    raise PeerError(f"{self.url} refused negentropy sync: NEG-ERR {answer.reason!r}")
                 try:
-                    next_msg, have, need = neg.reconcile_with_ids(bytes.fromhex(payload))
-                except (ValueError, TypeError, NegentropyError) as exc:
+                    next_msg, have, need = neg.reconcile_with_ids(answer.message)
+                except NegentropyError as exc:
                     raise PeerError(f"{self.url} sent a malformed NEG-MSG: {exc}") from None
                 rounds += 1
                 on_round(have, need)
                 if next_msg is None:
                     return rounds
-                await self._send(orjson.dumps(["NEG-MSG", sub_id, next_msg.hex()]))
+                await self._send(encode_neg_msg(sub_id, next_msg))
         finally:
             self._negs.pop(sub_id, None)
             if opened and not self._failed.done():
-                await self._send_quietly(orjson.dumps(["NEG-CLOSE", sub_id]))
+                await self._send_quietly(encode_neg_close(sub_id))
 
-    async def _first_answer(self, queue: asyncio.Queue) -> tuple[str, object]:
+    async def _first_answer(self, queue: asyncio.Queue) -> RelayNegMsg | RelayNegErr | RelayMessageError:
         try:
             return await self._wait(queue.get(), "NEG-OPEN")
         except PeerNotice as notice:
@@ -510,8 +526,3 @@ class _Closed(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-
-
-def sub_request(sub_id: str, filter_obj: dict) -> bytes:
-    """`["REQ", <sub_id>, <filter>]` (NIP-01)."""
-    return orjson.dumps(["REQ", sub_id, filter_obj])

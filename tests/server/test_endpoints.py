@@ -1,5 +1,5 @@
 """NIP-01's single endpoint (`[server] paths`), NIP-11's Accept header in any case, and CORS preflights
-(relay/server/wire/http.py: `Routes`, `RequestReader`)."""
+(relay/wire/http.py: `Routes`, `RequestReader`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from relay.server.wire.http import (HANDOFF, UPGRADE_REQUIRED, Answer, HttpRequest, HttpResponse, RequestReader,
+from relay.wire.http import (HANDOFF, UPGRADE_REQUIRED, Answer, HttpRequest, HttpResponse, RequestReader,
                                     Routes, quality)
 from tests.conftest import make_config
 from tests.helpers import Client

@@ -1,5 +1,5 @@
 """HTTP/1.1 on the relay's port: the request reader and route table alone, then through a real relay
-(relay/server/wire/http.py, relay/server/wire/handshake.py)."""
+(relay/wire/http.py, relay/wire/handshake.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from http import HTTPStatus
 
 import pytest
 
-from relay.server.wire.http import (ANY_PATH, HANDOFF, UPGRADE_REQUIRED, Answer, HttpRequest, HttpResponse,
+from relay.wire.http import (ANY_PATH, HANDOFF, UPGRADE_REQUIRED, Answer, HttpRequest, HttpResponse,
                                     RequestReader, Routes)
 from tests.helpers import Client, eventually
 from tests.served import healthy

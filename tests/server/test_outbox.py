@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from relay.server.budget import ByteBudget
-from relay.server.outbox import (STORED_CHUNK, STORED_CHUNK_BYTES, Outbox, RateWindow, Signal, chunks,
-                                 stored_results_refusal)
+from relay.server.outbox import STORED_CHUNK, STORED_CHUNK_BYTES, Outbox, Signal, chunks, stored_results_refusal
+from relay.wire.websocket import RateWindow
 
 
 class FakeSocket:

@@ -14,7 +14,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import Close, Opcode
 from websockets.protocol import State
 
-from relay.server.wire import websocket
+from relay.wire import websocket
 from tests.conftest import make_config
 from tests.helpers import Client, eventually, non_reader, raw_websocket, send_masked, store_events, tcp_sockets
 from tests.inprocess import Relay

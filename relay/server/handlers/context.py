@@ -19,11 +19,12 @@ from relay.protocol.rejection import Rejection
 from relay.server.access import ConnectionAccess
 from relay.server.budget import ByteBudget
 from relay.server.negentropy import ConnectionSessions
-from relay.server.outbox import Outbox, RateWindow
+from relay.server.outbox import Outbox
 from relay.server.ratelimit import EVENTS, REFUSALS, ConnectionRate, RateLimits
 from relay.server.search import search_refusal
 from relay.server.subscriptions import Subscriptions
 from relay.store.store import Store
+from relay.wire.websocket import RateWindow
 
 class HandlerMetrics(Protocol):
     """What the handlers count (relay/metrics.py's `Metrics`): EVENTs received and answered, query seconds."""

@@ -23,9 +23,10 @@ from websockets.exceptions import ConnectionClosed
 from relay.protocol.envelopes import CloseEnvelope, ReqEnvelope, encode_closed, encode_eose, encode_event
 from relay.server.budget import ByteBudget
 from relay.server.handlers.context import Context
-from relay.server.outbox import RateWindow, chunks, stored_results_refusal
+from relay.server.outbox import chunks, stored_results_refusal
 from relay.server.ratelimit import REQS
 from relay.server.subscriptions import LiveSubscription
+from relay.wire.websocket import RateWindow
 
 
 

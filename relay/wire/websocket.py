@@ -1,9 +1,11 @@
-"""The socket of one WebSocket client: frames out, progress of the peer's reading, keepalive, resets.
+"""The socket of one WebSocket connection: frames out, progress of the peer's reading, pings, resets.
 
-How this works: `Wire` is the only code that touches a connection's socket.
-Messages go out as text frames built here and handed to the transport in one
-write per batch (inside websockets' `send_context`, which keeps the close
-handshake and flow control right).  Whether the peer reads is measured by the
+How this works: `Wire` is the only code that touches the socket of a client
+of ours, and `send_texts` the only one that writes to a peer relay we are a
+client of (relay/sync/peer.py).  Both write a batch of messages per
+flow-control wait, inside websockets' `send_context` (which keeps the close
+handshake and flow control right): the server's text frames are built here
+and handed to the transport in one write.  Whether the peer reads is measured by the
 bytes its TCP acknowledged (`TCP_INFO`), which both the stored-results pacing
 (`send_watched`) and the keepalive (relay/server/keepalive.py) look at every 0.5 s.  A
 connection dropped for not reading closes with SO_LINGER 0: what the peer has
@@ -15,16 +17,13 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
-from typing import TYPE_CHECKING
 
+from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
-
-if TYPE_CHECKING:
-    from relay.server.outbox import RateWindow
 
 # RFC 6455 section 5.2: FIN + text opcode, then the payload length in 7, 7+16 or 7+64 bits;
 # a server's frames are not masked, and no extension is negotiated (compression=None).
@@ -83,6 +82,30 @@ class Progress:
         self.still = 0.0 if self.taken is None or taken > self.taken else self.still + PROGRESS_CHECK_SECONDS
         self.taken = taken
         return self.still
+
+
+class RateWindow:
+    """Whether a peer takes one stored answer at `min_rate` bytes per second at least, over windows of
+    `seconds`: when the current window began (loop seconds; None before the first look) and the
+    taken-bytes count then (`Wire.taken_bytes`)."""
+
+    __slots__ = ("seconds", "min_rate", "start", "taken")
+
+    def __init__(self, seconds: float, min_rate: float) -> None:
+        self.seconds = seconds
+        self.min_rate = min_rate
+        self.start: float | None = None
+        self.taken = 0
+
+    def too_slow(self, now: float, taken: int) -> bool:
+        """True when the window has lasted `seconds` and less than `min_rate` bytes per second were taken in it;
+        a window that has lasted that long and was fast enough is begun again at `now`."""
+        if self.start is not None and now - self.start < self.seconds:
+            return False
+        if self.start is not None and taken - self.taken < self.min_rate * (now - self.start):
+            return True
+        self.start, self.taken = now, taken
+        return False
 
 
 class Wire:
@@ -214,3 +237,18 @@ class Wire:
             if len(info) >= _BYTES_ACKED.size + _BYTES_ACKED_OFFSET:
                 return _BYTES_ACKED.unpack_from(info, _BYTES_ACKED_OFFSET)[0]
         return self._written - transport.get_write_buffer_size()
+
+
+async def send_texts(ws: ClientConnection, messages: Iterable[bytes]) -> None:
+    """Send UTF-8 JSON `messages` to the relay at the other end of `ws` as text frames, then wait while the send
+    buffer is full: websockets' flow-control wait paid once for the batch, not per message.
+
+    `protocol.send_text` is what websockets' own `send` calls inside `send_context`: it masks each frame, as a
+    client's must be (RFC 6455 section 5.3).
+
+    Raises:
+        ConnectionClosed: the socket is closed.
+    """
+    async with ws.send_context():
+        for message in messages:
+            ws.protocol.send_text(message)

@@ -3,7 +3,7 @@
 websockets reads the opening request itself, and refuses one with a body
 before its `process_request` hook runs.  Here its server connection is given
 the request only when it is a WebSocket upgrade no route answers and its
-parser reads, byte for byte as received (relay/server/wire/http.py decides).
+parser reads, byte for byte as received (relay/wire/http.py decides).
 A route's answer or a refusal is serialized by websockets (as its own
 answers are, `Connection: close` included) and ends the same way: EOF after
 the response, then the client's close awaited (at most websockets' close
@@ -24,7 +24,7 @@ from websockets.exceptions import InvalidHeaderValue
 from websockets.http11 import SERVER, Response
 from websockets.protocol import State
 
-from relay.server.wire.http import HANDOFF, Answer, Decision, HttpResponse, RequestReader, Routes
+from relay.wire.http import HANDOFF, Answer, Decision, HttpResponse, RequestReader, Routes
 
 log = structlog.get_logger(__name__)
 
@@ -119,7 +119,7 @@ class RoutedServerConnection(ServerConnection):
         if isinstance(exc, InvalidHeaderValue) and exc.name == "Sec-WebSocket-Version":
             refusal = HttpResponse(HTTPStatus.UPGRADE_REQUIRED, f"upgrade required: {reason} (13 is)\n".encode(),
                                    "text/plain", headers=(("Sec-WebSocket-Version", "13"),))
-        else:  # the prefix of its status, as the routes' refusals have (relay/server/wire/http.py)
+        else:  # the prefix of its status, as the routes' refusals have (relay/wire/http.py)
             prefix = "upgrade required" if response.status_code == HTTPStatus.UPGRADE_REQUIRED else "invalid"
             refusal = HttpResponse(HTTPStatus(response.status_code), f"{prefix}: {reason}\n".encode(), "text/plain")
         answer = self._routes.response(refusal)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from websockets.frames import Frame, Opcode
 
-from relay.server.wire.websocket import text_frame_header
+from relay.wire.websocket import text_frame_header
 
 
 @pytest.mark.parametrize("size", [0, 1, 125, 126, 127, 65_535, 65_536, 1_048_576])
