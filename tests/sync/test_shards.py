@@ -4,10 +4,18 @@ and retention that waits for copies other nodes confirm.  Real relays on loopbac
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
+import websockets
+
+from relay.protocol.claims import CLAIM_KIND
+from tests.conftest import make_config
 from tests.helpers import Client, Keys, eventually
-from tests.sync.fleet import claim_statuses, fleet, ids, start
+from tests.inprocess import running
+from tests.served import relay_cli_async
+from tests.sync.conftest import publish
+from tests.sync.fleet import SHARDING, claim_statuses, fleet, ids, start
 
 ALICE = Keys(0xA11CE)
 ARCHIVE = '[[shards]]\nid = "all"\nfilter = {}\n'
@@ -155,3 +163,42 @@ async def test_a_handed_over_shard_goes_once_its_holders_have_it_and_comes_back_
         assert await eventually(lambda: _equal(ids(leaver.url, {"ids": list(every)}), every), timeout=40)
     finally:
         await _stop(nodes)
+
+
+async def test_a_relay_that_knows_nothing_of_shards_is_synced_as_a_full_replica(tmp_path, local_relay):
+    """nostr-sdk's LocalRelay as the peer of a node holding kind 1: everything is synced both ways as before
+    (its kind-7 event too, which no fleet node's shard holds, so it stays), the node's kind-30803 claim passes
+    through the other relay unchanged, and that relay counts as no copy (under-replicated)."""
+    peer_url = await local_relay()
+    config = make_config(tmp_path, SHARDING.format(copies=1) + NOTES,
+                         sync={"peers": [{"url": peer_url}], "interval_seconds": 1.0, "backoff_max_seconds": 1.0})
+    theirs = [ALICE.sign(kind=kind, content="at the peer", created_at=int(time.time()) - 30) for kind in (1, 7)]
+    await publish(peer_url, theirs)
+    async with running(config) as relay:
+        ours = ALICE.sign(kind=1, content="here")
+        await _publish(relay.url, ours)
+        every = {e["id"] for e in theirs} | {ours["id"]}
+        for url in (relay.url, peer_url):
+            assert await eventually(lambda: _equal(ids(url, {"authors": [ALICE.pubkey]}), every), timeout=20), url
+        claim = (await Client.connect(relay.url))
+        [stored] = await claim.req("claim", {"kinds": [CLAIM_KIND]})
+        await claim.close()
+        assert await eventually(lambda: _served_as(peer_url, stored), timeout=20)
+        await asyncio.sleep(3)  # guard rounds: the kind-7 event is in no fleet node's shard
+        assert await ids(relay.url, {"authors": [ALICE.pubkey]}) == every
+        code, out, err = await relay_cli_async("status", "--json", "--config", tmp_path / "relay.toml", "--db",
+                                               config.store.path)
+        [shard] = json.loads(out)["shards"]
+        assert code == 0 and shard["claimed_copies"] == 0 and shard["under_replicated"], err
+
+
+async def _served_as(url: str, event: dict) -> bool:
+    """Whether `url` serves `event` exactly: every field as it was signed."""
+    async with websockets.connect(url) as ws:
+        await ws.send(json.dumps(["REQ", "one", {"ids": [event["id"]]}]))
+        while True:
+            reply = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            if reply[0] == "EVENT":
+                return reply[2] == event
+            if reply[0] in ("EOSE", "CLOSED"):
+                return False
