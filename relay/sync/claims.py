@@ -18,7 +18,7 @@ import os
 import secrets
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,10 +130,9 @@ def plan(config: Config, claims: list[Claim], pubkey: str, instance: str, reconc
     return Plan(tuple(planned), copied)
 
 
-def claim_event(key: NodeKey, claim: PlannedClaim, url: str, instance: str, ttl_seconds: float, now: int,
-                after: int | None) -> dict:
-    """The signed kind-30803 event of `claim`, created at `now` or just `after` the claim it replaces."""
-    created_at = now if after is None else max(now, after + 1)  # an addressable event replaces only older ones
+def claim_event(key: NodeKey, claim: PlannedClaim, url: str, instance: str, ttl_seconds: float,
+                created_at: int) -> dict:
+    """The signed kind-30803 event of `claim`, created at `created_at` (unix seconds)."""
     tags = claim_tags(claim.shard.id, claim.shard.filter, url, instance, claim.since, claim.until, claim.status,
                       created_at + int(ttl_seconds))
     return key.sign_event(CLAIM_KIND, tags, "", created_at)
@@ -142,18 +141,17 @@ def claim_event(key: NodeKey, claim: PlannedClaim, url: str, instance: str, ttl_
 async def publish_claims(config: Config, store: Store, ingest: Ingest, key: NodeKey, url: str,
                          now: int | None = None) -> Plan:
     """Sign and store this node's claims once (see the module docstring); returns what was planned."""
-    now = int(time.time()) if now is None else now
     instance = await store.run_job(ensure_instance)
     claims = await store.read_snapshot(read_claims)
+    # an addressable event replaces only an older one: a second publication within a second comes just after
+    now = max([int(time.time()) if now is None else now] + [c.created_at + 1 for c in claims if c.pubkey == key.pubkey])
     reconciled = {s.url: s.last_success for s in await store.read_snapshot(read_states)}
     found = plan(config, claims, key.pubkey, instance, reconciled, now, await store.read_snapshot(read_cuts))
     for shard_id, other in found.copied.items():
         log.error("node_key_copied", shard=shard_id, pubkey=key.pubkey, instance=instance, other_instance=other,
                   hint="another database signs claims with this node key: give one of them its own key "
                        "([sync] secret_key_file); this shard stays unclaimed meanwhile")
-    previous = {c.shard_id: c.created_at for c in claims if c.pubkey == key.pubkey}
-    events = [claim_event(key, c, url, instance, config.sharding.ttl_seconds(), now, previous.get(c.shard.id))
-              for c in found.claims]
+    events = [claim_event(key, c, url, instance, config.sharding.ttl_seconds(), now) for c in found.claims]
     for event, (outcome, _) in zip(events, await ingest.accept_many(events, RECORD)):
         if not outcome.accepted:
             log.warning("claim_refused", shard=event["tags"][0][1], reason=outcome.message)
@@ -161,11 +159,12 @@ async def publish_claims(config: Config, store: Store, ingest: Ingest, key: Node
 
 
 class ShardKeeper:
-    """This node's side of the fleet, a task of the writer: every `[sharding] claim_interval_seconds`, the guard
-    removes what other nodes confirm and announces the cuts due (relay/sync/guard.py, whose `protection` keeps
-    what retention never removes), then this node's claims are published.  A failed round is logged and tried
-    again.  `stats()` gives the last round's figures (metrics); `GUARD_FILE` in the runtime directory, for
-    `relay status`, the events held back."""
+    """This node's side of the fleet, two tasks of the writer, each every `[sharding] claim_interval_seconds`:
+    this node's claims are published (`publish`), and the guard removes what other nodes confirm and announces
+    the cuts due, the claims then published at once when a cut changed (`round`; relay/sync/guard.py, whose
+    `protection` keeps what retention never removes).  Apart, so a long guard round never lets the claims lapse.
+    A failed step is logged and tried again.  `stats()` gives the last figures (metrics); `GUARD_FILE` in the
+    runtime directory, for `relay status`, the events held back."""
 
     def __init__(self, config: Config, store: Store, ingest: Ingest, key: Callable[[], NodeKey], url: str,
                  protection: Protection) -> None:
@@ -173,33 +172,49 @@ class ShardKeeper:
         self._key, self._protection = key, protection
         self.guard: Guard | None = None
         self._stats: dict[str, dict[str, float]] = {}
+        self._held_back: dict[str, int] = {}
+        self._publishing = asyncio.Lock()  # one publication at a time: each reads the claims the last one wrote
 
     async def run(self) -> None:
-        """Rounds until cancelled."""
+        """Both tasks until cancelled."""
+        await asyncio.gather(self._every(self.publish, "claims_failed"), self._every(self.round, "guard_failed"))
+
+    async def _every(self, step: Callable[[], Awaitable[object]], failure: str) -> None:
         while True:
             try:
-                await self.round()
-            except Exception as exc:  # the one place this task catches: log, try again next interval
-                log.error("claims_failed", error=repr(exc), exc_info=exc)
+                await step()
+            except Exception as exc:  # the one place these tasks catch: log, try again next interval
+                log.error(failure, error=repr(exc), exc_info=exc)
             await asyncio.sleep(self.config.sharding.claim_interval_seconds)
 
+    def _guard(self) -> Guard:
+        self.guard = self.guard or Guard(self.config, self.store, self._key(), self._protection)
+        return self.guard
+
+    async def publish(self) -> None:
+        """Publish this node's claims now, and refresh the figures of `stats()`."""
+        guard = self._guard()
+        async with self._publishing:
+            await publish_claims(self.config, self.store, self.ingest, guard.key, self.url)
+        states = await self.store.read_snapshot(shard_states, self.config, None, self._held_back)
+        self._stats = {s["id"]: {"copies": s["claimed_copies"], "held_back": s["held_back"],
+                                 "claim_age": s["claim"]["age_seconds"] if s["claim"] else -1} for s in states}
+
     async def round(self) -> GuardReport:
-        """One round (see the class docstring); returns the guard's report."""
-        self.guard = guard = self.guard or Guard(self.config, self.store, self._key(), self._protection)
+        """One guard round, then the cuts due (their claims published at once); returns the guard's report."""
+        guard = self._guard()
         report = await guard.round(await self.store.read_snapshot(read_claims))
         if report.removed or report.held_back:
             log.info("shard_guard_round", removed=report.removed, held_back=report.held_back,
                      confirmations=report.confirmations)
-        await guard.announce(int(time.time()))
-        await publish_claims(self.config, self.store, self.ingest, guard.key, self.url)
-        states = await self.store.read_snapshot(shard_states, self.config, None, report.held_back)
-        self._stats = {s["id"]: {"copies": s["claimed_copies"], "held_back": report.held_back.get(s["id"], 0),
-                                 "claim_age": s["claim"]["age_seconds"] if s["claim"] else -1} for s in states}
+        self._held_back = report.held_back
         try:
             replace_json(runtime_dir(self.config.store.path) / GUARD_FILE,
                          {"pid": os.getpid(), "at": int(time.time()), "held_back": report.held_back})
         except OSError:  # status only: the log says the same
             pass
+        if await guard.announce(int(time.time())):
+            await self.publish()
         return report
 
     def stats(self) -> dict[str, dict[str, float]]:

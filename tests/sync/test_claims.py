@@ -147,7 +147,7 @@ async def test_status_and_shards_show_the_fleet_claims_and_a_copied_key(tmp_path
         assert ours["this_node"] and not ours["counted"]
         assert rows[("notes", OTHER.pubkey, "o" * 32)]["counted"]
         assert not rows[("reactions", key.pubkey, "c" * 32)]["this_node"]
-        await relay.node.shards.round()  # the figures of the metrics and the status page
+        await relay.node.shards.publish()  # the figures of the metrics and the status page
         _, _, metrics = await asyncio.to_thread(http_get, relay.port, "/metrics")
         assert 'relay_shard_copies{shard="notes"} 1.0' in metrics.decode()
         assert 'relay_shard_held_back_events{shard="notes"} 0.0' in metrics.decode()
