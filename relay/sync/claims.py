@@ -127,6 +127,13 @@ def plan(config: Config, claims: list[Claim], pubkey: str, instance: str, reconc
         if not shard.hold:
             status = LEAVING
         planned.append(PlannedClaim(shard, status, since, until))
+    declared = {shard.id for shard in shards_of(config)}
+    for claim in claims:  # a shard no longer declared: withdrawn by one `leaving` claim, left to expire
+        if claim.pubkey == pubkey and claim.instance == instance and claim.shard_id not in declared and \
+                claim.status != LEAVING and claim.is_live(now):
+            declared.add(claim.shard_id)
+            planned.append(PlannedClaim(ShardConfig(claim.shard_id, claim.filter, hold=False), LEAVING,
+                                        claim.since, claim.until))
     return Plan(tuple(planned), copied)
 
 

@@ -147,6 +147,7 @@ class Guard:
         self.everything_declared = any(f.kinds is None for f in whole)
         self.declared_kinds = {k for f in whole if f.kinds is not None for k in f.kinds}
         self._cursors: dict[tuple[str, int | None], tuple[int, bytes]] = {}  # where each scan goes on next round
+        self._withdrawn: list[Filter] = []  # the filters of shards withdrawn whose cut has not matured
 
     def matured(self, cut: Cut, now: int) -> bool:
         """Whether every claim this node published before `cut` has expired everywhere at `now`."""
@@ -154,10 +155,10 @@ class Guard:
         return now >= cut.announced_at + sharding.ttl_seconds() + sharding.max_clock_skew_seconds
 
     async def announce(self, now: int) -> list[str]:
-        """Store the cuts due at `now` (a `since` raised once the cut before has matured, a new handover; a
-        shard newly held or taken back forgets what was handed over and what was removed as foreign, which
-        sync may then fetch again); returns the ids of the shards whose claims must be republished.  Run
-        after `round`, which removes what the matured cuts allow."""
+        """Store the cuts due at `now` (a `since` raised once the cut before has matured, a new handover, a
+        shard no longer declared; a shard newly held or taken back forgets what was handed over and what was
+        removed as foreign, which sync may then fetch again); returns the ids of the shards whose claims must
+        be republished.  Run after `round`, which removes what the matured cuts allow."""
         cuts = await self.store.read_snapshot(read_cuts)
         changed = []
         for shard in self.shards:
@@ -177,6 +178,11 @@ class Guard:
             if new != cut:
                 await self.store.run_job(write_cut, shard.id, new)
                 changed.append(shard.id)
+        declared = {shard.id for shard in self.shards}
+        for shard_id, cut in cuts.items():  # withdrawn from the configuration: a handover, of foreign events
+            if shard_id not in declared and not cut.leaving:
+                await self.store.run_job(write_cut, shard_id, Cut(now, now, True, cut.filter))
+                changed.append(shard_id)
         return changed
 
     def _removable(self, row: Row, event: Event, shard: ShardConfig, cut: Cut | None, now: int) -> bool:
@@ -206,6 +212,11 @@ class Guard:
         cuts = await self.store.read_snapshot(read_cuts)
         hints = [c for c in claims if c.pubkey in self.fleet and c.pubkey != self.key.pubkey and c.status == COMPLETE
                  and c.is_live(now) and claim_filter(c.filter) is not None]
+        # shards withdrawn from the configuration: until their cut matures, other nodes may still count this
+        # node's copy of their events (now foreign here)
+        declared = {shard.id for shard in self.shards}
+        self._withdrawn = [claim_filter(c.filter) for i, c in cuts.items() if i not in declared
+                           and (not c.leaving or not self.matured(c, now)) and claim_filter(c.filter) is not None]
         for shard in self.shards:
             cut = cuts.get(shard.id)
             if cut is not None and self.matured(cut, now):
@@ -233,6 +244,9 @@ class Guard:
                     holders = [c for c in hints if claim_filter(c.filter).matches(event)]
                     if cut is None and not holders:
                         continue  # in no node's shard: today's rules keep it
+                    if cut is None and any(f.matches(event) for f in self._withdrawn):
+                        report.hold_back(None)  # in a shard withdrawn here: its cut has not matured
+                        continue
                     holders = [c for c in holders if c.covers(row.created_at)]
                     if len({c.pubkey for c in holders}) >= self.config.sharding.min_copies:
                         candidates.append((row, holders))

@@ -154,3 +154,22 @@ async def test_status_and_shards_show_the_fleet_claims_and_a_copied_key(tmp_path
         _, _, page = await asyncio.to_thread(http_get, relay.port, "/", {"Accept": "text/html"})
         assert "<td>notes</td><td>complete</td>" in page.decode()
         assert "UNDER-REPLICATED: removals wait" in page.decode()
+
+
+def test_a_shard_no_longer_declared_is_withdrawn_by_one_leaving_claim(tmp_path):
+    """A live claim of this node on a shard the configuration no longer declares is answered by one `leaving`
+    claim of the same filter and range (no kind 5: it would outlive a later claim); once that is stored, it is
+    left to expire."""
+    now = 1_800_000_000
+    config = make_config(tmp_path, SHARDS)
+    me = NodeKey(b"\x01" * 32)
+
+    def ours(status: str) -> Claim:
+        tags = claim_tags("old", '{"kinds":[9]}', "ws://me", "m" * 32, 5, now - 9, status, now + 60)
+        return _claim(me.sign_event(CLAIM_KIND, tags, "", now - 2))
+
+    found = plan(config, [ours("complete")], me.pubkey, "m" * 32, {}, now)
+    [old] = [c for c in found.claims if c.shard.id == "old"]
+    assert (old.status, old.shard.filter, old.since, old.until) == ("leaving", '{"kinds":[9]}', 5, now - 9)
+    assert [c.shard.id for c in plan(config, [ours("leaving")], me.pubkey, "m" * 32, {}, now).claims] == \
+        ["notes", "reactions"]

@@ -202,3 +202,31 @@ async def _served_as(url: str, event: dict) -> bool:
                 return reply[2] == event
             if reply[0] in ("EOSE", "CLOSED"):
                 return False
+
+
+async def test_a_shard_withdrawn_from_the_configuration_goes_only_after_its_claims_lapse(tmp_path):
+    """A node that held reactions restarts without that shard: it claims `leaving` once, and its reactions
+    (foreign now) stay until that withdrawal has waited out the claims' lifetime and the clock skew, then go
+    once the archive and the reactions node returned them."""
+    nodes = fleet(tmp_path, {"archive": ARCHIVE, "reactions": REACTIONS, "both": NOTES + REACTIONS}, copies=2)
+    both = nodes["both"]
+    try:
+        for node in nodes.values():
+            await start(tmp_path, nodes, node)
+        await _sharded(nodes, {(both.key.pubkey, "reactions"): "complete"})
+        reactions = [ALICE.sign(kind=7, content=f"r{i}", created_at=int(time.time()) - 10) for i in range(3)]
+        for reaction in reactions:
+            await _publish(both.url, reaction)
+        every = {r["id"] for r in reactions}
+        for node in nodes.values():
+            assert await eventually(lambda: _equal(ids(node.url, {"ids": list(every)}), every), timeout=20)
+        await both.relay.stop()
+        both.toml = both.toml.replace(REACTIONS, "")
+        await start(tmp_path, nodes, both)
+        assert await eventually(lambda: _has(claim_statuses(nodes["archive"].url),
+                                             {(both.key.pubkey, "reactions"): "leaving"}), timeout=20)
+        await asyncio.sleep(2)  # within claim_ttl_seconds + max_clock_skew_seconds (5 s) of the withdrawal
+        assert await ids(both.url, {"ids": list(every)}) == every
+        assert await eventually(lambda: _equal(ids(both.url, {"ids": list(every)}), set()), timeout=30)
+    finally:
+        await _stop(nodes)
