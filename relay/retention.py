@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import structlog
 
 from relay.config import Config, shards_of
+from relay.protocol.claims import FLEET_WIDE_FILTER
 from relay.protocol.filters import parse_filter
 from relay.store.retention import Protection, Scan, count_events, evict_step
 from relay.store.store import Store
@@ -58,10 +59,14 @@ async def _scan(store: Store, scan: Scan, budget: int, batch: int, guard: Protec
 
 
 def _keeping_shards(config: Config) -> Protection:
-    """`protection(config)` and every event of this node's shards: those only the shards' guard removes, once
-    other nodes hold enough copies (relay/sync/guard.py)."""
-    guard = protection(config)
-    return replace(guard, filters=guard.filters + tuple(parse_filter(json.loads(s.filter)) for s in shards_of(config)))
+    """`protection(config)`, and with shards every event of this node's shards (those only the shards' guard
+    removes, by the same rules and `max_events`, once other nodes hold enough copies: relay/sync/guard.py) and
+    of the fleet-wide kinds (deletions, requests to vanish, claims: every node of a fleet holds them)."""
+    guard, shards = protection(config), shards_of(config)
+    if not shards:
+        return guard
+    return replace(guard, filters=guard.filters + (FLEET_WIDE_FILTER,) +
+                   tuple(parse_filter(json.loads(s.filter)) for s in shards))
 
 
 async def run_retention(store: Store, config: Config, now: int | None = None) -> RetentionReport:

@@ -113,7 +113,7 @@ def plan(config: Config, claims: list[Claim], pubkey: str, instance: str, reconc
             copied[shard.id] = ours.instance
             continue
         same = ours if ours is not None and ours.filter == shard.filter else None  # a new filter: a new shard
-        since = (cuts or {})[shard.id].since if shard.id in (cuts or {}) else 0
+        since = (cuts or {})[shard.id].claimed_since if shard.id in (cuts or {}) else 0
         others = holders(claims, shard, fleet, pubkey, now)
         synced = [reconciled.get(c.url) or reconciled.get(peer_urls.get(c.pubkey, "")) for c in others]
         if not others:

@@ -56,14 +56,21 @@ _DAY_SECONDS = 86_400
 
 @dataclass(frozen=True)
 class Cut:
-    """An announced removal in a shard of `filter`: events created before `since` (unix seconds), or,
-    `leaving`, every event of a handover; removable from `announced_at` + the claims' lifetime + the clock
-    skew.  A held shard has one from its first round (`since` 0 until a rule applies)."""
+    """An announced removal in a shard of `filter`: events created before `since` (unix seconds) of the kinds
+    a `[[retention.rules]]` removes by then, events of any kind created before `by_count` (`[retention]
+    max_events`), or, `leaving`, every event of a handover; removable from `announced_at` + the claims'
+    lifetime + the clock skew.  A held shard has one from its first round (0 until a rule applies)."""
 
     since: int
     announced_at: int
     leaving: bool = False
     filter: str = ""
+    by_count: int = 0
+
+    @property
+    def claimed_since(self) -> int:
+        """The `since` of the shard's claims: every event from then on is held."""
+        return max(self.since, self.by_count)
 
 
 def read_cuts(conn) -> dict[str, Cut]:
@@ -114,6 +121,17 @@ class GuardReport:
         self.held_back[key] = self.held_back.get(key, 0) + count
 
 
+def count_cutoff(conn, max_events: int) -> int:
+    """The created_at before which events of any kind go for at most `max_events` to stay (0: none), oldest
+    first as `[retention] max_events` removes them (read job)."""
+    excess = conn.execute("SELECT count(*) FROM events").fetchone()[0] - max_events
+    if excess <= 0:
+        return 0
+    row = conn.execute("SELECT created_at FROM events ORDER BY created_at, id DESC LIMIT 1 OFFSET ?",
+                       (excess - 1,)).fetchone()
+    return row[0] + 1 if row else 0
+
+
 def rule_cutoff(config: Config, kind: int, now: int) -> int | None:
     """The newest created_at a `[[retention.rules]]` removes for `kind` at `now` (exclusive), or None."""
     cuts = [now - int(r.max_age_days * _DAY_SECONDS) for r in config.retention.rules if not r.kinds or kind in r.kinds]
@@ -160,6 +178,8 @@ class Guard:
         removed as foreign, which sync may then fetch again); returns the ids of the shards whose claims must
         be republished.  Run after `round`, which removes what the matured cuts allow."""
         cuts = await self.store.read_snapshot(read_cuts)
+        maximum = self.config.retention.max_events
+        by_count = await self.store.read_snapshot(count_cutoff, maximum) if maximum > 0 else 0
         changed = []
         for shard in self.shards:
             cut = cuts.get(shard.id)
@@ -169,12 +189,14 @@ class Guard:
                 # newly held (or taken back): what was handed over or removed as foreign may be fetched again
                 for forgotten in (shard.id, FOREIGN):
                     await self.store.run_job(forget_evictions, forgotten)
-                new = Cut(max(shard_cutoff(self.config, shard, now) or 0, 0), now, filter=shard.filter)
+                new = Cut(max(shard_cutoff(self.config, shard, now) or 0, 0), now, filter=shard.filter,
+                          by_count=by_count)
             elif not self.matured(cut, now):
                 new = cut  # raised again only once its removals have had their turn
             else:
-                since = shard_cutoff(self.config, shard, now)
-                new = cut if since is None or cut.since >= since else Cut(since, now, filter=shard.filter)
+                since = max(cut.since, shard_cutoff(self.config, shard, now) or 0)
+                raised = since > cut.since or by_count > cut.by_count
+                new = Cut(since, now, filter=shard.filter, by_count=max(by_count, cut.by_count)) if raised else cut
             if new != cut:
                 await self.store.run_job(write_cut, shard.id, new)
                 changed.append(shard.id)
@@ -197,7 +219,7 @@ class Guard:
         if cut.leaving:
             return not any(f.matches(event) for f in self.held)
         before = rule_cutoff(self.config, row.kind, now)
-        return before is not None and row.created_at < min(before, cut.since)
+        return row.created_at < cut.by_count or (before is not None and row.created_at < min(before, cut.since))
 
     async def round(self, claims: list[Claim], now: int | None = None, batch: int = 500,
                     max_batches: int = 20) -> GuardReport:
@@ -221,7 +243,7 @@ class Guard:
             cut = cuts.get(shard.id)
             if cut is not None and self.matured(cut, now):
                 for kind in _kinds(shard.filter):
-                    scan = Scan(kind, None if cut.leaving else cut.since)
+                    scan = Scan(kind, None if cut.leaving else cut.claimed_since)
                     await self._remove(shard, cut, scan, hints, now, batch, max_batches, report)
         if self.shards and not self.everything_declared:  # foreign events: of other nodes' shards, in none of ours
             kinds = {k for c in hints for k in _kinds(c.filter)} - self.declared_kinds

@@ -230,3 +230,24 @@ async def test_a_shard_withdrawn_from_the_configuration_goes_only_after_its_clai
         assert await eventually(lambda: _equal(ids(both.url, {"ids": list(every)}), set()), timeout=30)
     finally:
         await _stop(nodes)
+
+
+async def test_max_events_removes_a_shards_oldest_events_only_once_confirmed(tmp_path):
+    """`[retention] max_events = 5` on a node holding kind 1 beside an archive (min_copies 1), with 5 notes and
+    the 2 claims (never removed): its 2 oldest notes go once the archive returned them, through the guard."""
+    nodes = fleet(tmp_path, {"archive": ARCHIVE, "notes": NOTES + "[retention]\nmax_events = 5\n"}, copies=1)
+    notes_node = nodes["notes"]
+    try:
+        for node in nodes.values():
+            await start(tmp_path, nodes, node)
+        await _sharded(nodes, {(notes_node.key.pubkey, "notes"): "complete"})
+        now = int(time.time())
+        notes = [ALICE.sign(kind=1, content=f"n{i}", created_at=now - 100 + i) for i in range(5)]
+        for note in notes:
+            await _publish(notes_node.url, note)
+        every = {n["id"] for n in notes}
+        assert await eventually(lambda: _equal(ids(nodes["archive"].url, {"ids": list(every)}), every), timeout=20)
+        newest = {n["id"] for n in notes[2:]}
+        assert await eventually(lambda: _equal(ids(notes_node.url, {"ids": list(every)}), newest), timeout=40)
+    finally:
+        await _stop(nodes)
