@@ -132,16 +132,9 @@ def count_cutoff(conn, max_events: int) -> int:
     return row[0] + 1 if row else 0
 
 
-def rule_cutoff(config: Config, kind: int, now: int) -> int | None:
-    """The newest created_at a `[[retention.rules]]` removes for `kind` at `now` (exclusive), or None."""
-    cuts = [now - int(r.max_age_days * _DAY_SECONDS) for r in config.retention.rules if not r.kinds or kind in r.kinds]
-    return max(cuts) if cuts else None
-
-
-def shard_cutoff(config: Config, shard: ShardConfig, now: int) -> int | None:
-    """The `since` a held shard's claim may be raised to at `now`: the newest cut-off of the rules that apply
-    to its kinds (every rule, for a shard of every kind), or None when no rule applies."""
-    kinds = claim_filter(shard.filter).kinds
+def rule_cutoff(config: Config, kinds: frozenset[int] | None, now: int) -> int | None:
+    """The newest cut-off at `now` (created_at, exclusive) of the `[[retention.rules]]` that remove events of
+    any of `kinds` (None: of every kind, so every rule), or None when none does."""
     cuts = [now - int(r.max_age_days * _DAY_SECONDS) for r in config.retention.rules
             if kinds is None or not r.kinds or kinds & set(r.kinds)]
     return max(cuts) if cuts else None
@@ -182,19 +175,18 @@ class Guard:
         by_count = await self.store.read_snapshot(count_cutoff, maximum) if maximum > 0 else 0
         changed = []
         for shard in self.shards:
-            cut = cuts.get(shard.id)
+            cut, since = cuts.get(shard.id), rule_cutoff(self.config, claim_filter(shard.filter).kinds, now) or 0
             if not shard.hold:
                 new = cut if cut is not None and cut.leaving else Cut(now, now, True, shard.filter)
             elif cut is None or cut.leaving or cut.filter != shard.filter:
                 # newly held (or taken back): what was handed over or removed as foreign may be fetched again
                 for forgotten in (shard.id, FOREIGN):
                     await self.store.run_job(forget_evictions, forgotten)
-                new = Cut(max(shard_cutoff(self.config, shard, now) or 0, 0), now, filter=shard.filter,
-                          by_count=by_count)
+                new = Cut(since, now, filter=shard.filter, by_count=by_count)
             elif not self.matured(cut, now):
                 new = cut  # raised again only once its removals have had their turn
             else:
-                since = max(cut.since, shard_cutoff(self.config, shard, now) or 0)
+                since = max(since, cut.since)
                 raised = since > cut.since or by_count > cut.by_count
                 new = Cut(since, now, filter=shard.filter, by_count=max(by_count, cut.by_count)) if raised else cut
             if new != cut:
@@ -218,7 +210,7 @@ class Guard:
             return False
         if cut.leaving:
             return not any(f.matches(event) for f in self.held)
-        before = rule_cutoff(self.config, row.kind, now)
+        before = rule_cutoff(self.config, frozenset((row.kind,)), now)
         return row.created_at < cut.by_count or (before is not None and row.created_at < min(before, cut.since))
 
     async def round(self, claims: list[Claim], now: int | None = None, batch: int = 500,

@@ -9,7 +9,8 @@ peer (and the entry's filter left at `{}`), each of its shards is one NIP-77 ses
 | building, complete  | both ways                                    | up: pushed to its holder   |
 | leaving             | down: fetched from it                        | not synced                 |
 
-("all events": no shards, or a held shard of filter `{}`), plus one session of the fleet-wide kinds (deletions, requests to vanish, claims), both ways.  Each direction
+("all events": no shards, or a held shard of filter `{}`), plus one session of the fleet-wide kinds
+(deletions, requests to vanish, claims), both ways.  Each direction
 is also bounded by the entry's `direction`.  A peer without such claims, or whose entry names a filter, is
 synced as a full replica, exactly as before: it counts as no copy of anything (relay/sync/guard.py).
 """
