@@ -12,7 +12,7 @@ batches as under load:
 - mix: the first n bench events (bench/events.py: 7% replaceable kinds, few supersessions);
 - replace: n kind-0 versions from 100 authors in created_at order: every event after an author's first
   supersedes one, so every transaction logs as many removals as it inserts (the feed's worst case).
-Reported per workload: the writer's seconds inside its transactions (`Store.on_batch`) per event, the
+Reported per workload: the writer's seconds inside its transactions (`open_store`'s `on_batch`) per event, the
 wall time, and, where the tree has the feed, the rate at which the whole feed reads back in pages of 1,000.
 """
 from __future__ import annotations
@@ -58,14 +58,13 @@ async def run(lines: list[bytes], rounds: int) -> dict:
     parsed = [parse_event(orjson.loads(line), limits, now) for line in lines]
     with tempfile.TemporaryDirectory() as tmp:
         config = load_config(None, {}, {"store": {"path": str(Path(tmp) / "bench.db")}})
-        store = await open_store(config, read_connections=1)
         writer = [0.0, 0]
 
         def on_batch(count: int, seconds: float) -> None:
             writer[0] += seconds
             writer[1] += 1
 
-        store.on_batch = on_batch
+        store = await open_store(config, read_connections=1, on_batch=on_batch)
         started = time.perf_counter()
         for start in range(0, len(parsed), rounds):
             await asyncio.gather(*(store.submit(e) for e in parsed[start:start + rounds]))

@@ -1,7 +1,7 @@
 """`relay` (the console script) and `python -m relay`: the command line of relay/cli.py.
 
 `relay serve` blocks SIGINT and SIGTERM first, before the imports (a few hundred milliseconds): a stop asked
-while it starts waits until its event loop takes the signals (relay/node.py `stop_on_signals`) and stops
+while it starts waits until its event loop takes the signals (relay/signals.py `stop_on_signals`) and stops
 it cleanly, where Python's own SIGINT handler would raise KeyboardInterrupt wherever start-up was.
 """
 

@@ -2,7 +2,7 @@
 ban, unban, bans, record, shards.
 
 This module parses the arguments and dispatches; the bodies are in
-relay/commands/ (and `relay serve` is relay/node.py's `run`).
+relay/commands/ (and `relay serve` is relay/assembly.py's `run`).
 
 Every subcommand takes `--config PATH` (default: the file `RELAY_CONFIG`
 names, if set) and `--db PATH`; flags override `RELAY_<SECTION>__<KEY>`
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         _stdout_to_devnull()
         return 1
     except OSError as exc:
-        if args.command == "serve":  # the daemon says what failed in its log (node.py); stdout is none of it
+        if args.command == "serve":  # the daemon says what failed in its log (assembly.py); stdout is none of it
             raise
         _stdout_to_devnull()
         where = exc.filename or "cannot write the output"
@@ -298,7 +298,7 @@ def _serve(config: Config, args: argparse.Namespace) -> int:
 
     try:
         check_database_path(config, create=True)  # a mistyped --db is not a new folder (the default's data/ is)
-    except DatabaseUnusable as exc:  # in the daemon's log, as node.py says a path it cannot use
+    except DatabaseUnusable as exc:  # in the daemon's log, as assembly.py says a path it cannot use
         structlog.get_logger("relay").error("database_unusable", path=exc.path, error=exc.reason)
         return 2
 

@@ -46,7 +46,7 @@ _INTRO = """\
 # Configuration reference
 
 Generated from the keys' declarations: `relay/config.py`, the store's own keys on `StoreOptions`
-(`relay/store/store.py`), the event limits on `EventLimits` (`relay/protocol/event.py`), the projectors' keys on
+(`relay/store/options.py`), the event limits on `EventLimits` (`relay/protocol/event.py`), the projectors' keys on
 their specs (`relay/store/projectors/spec.py`, `relay/store/projectors/causal.py`). Do not edit it by hand:
 regenerate it with `{command}`;
 `tests/test_config_reference.py` fails when it is out of date. `config/relay.toml` shows every key with its

@@ -1,6 +1,6 @@
 """The transaction hooks a configuration asks for, in the order they run inside each write transaction.
 
-`relay.node.open_store` passes them to `Store.open` for every process that
+`relay.assembly.open_store` passes them to `Store.open` for every process that
 writes (`relay serve`, `relay import`, `relay sync`): derived tables written
 without their hook would no longer agree with the events (`relay verify` tells).
 """

@@ -179,3 +179,24 @@ PORT_ADVICE = "choose another port with --port or RELAY_SERVER__PORT (0: any fre
 def port_lock(port: int) -> InstanceLock:
     """The lock of TCP port `port` (whatever the address): `relay-port-<port>.lock` in the temporary directory."""
     return InstanceLock(Path(tempfile.gettempdir()) / f"relay-port-{port:d}.lock", f"port {port:d}", PORT_ADVICE)
+
+
+def hold_locks(db: str | Path, port: int) -> list[InstanceLock]:
+    """Take the lock of the database at `db`, then that of `port` (none for port 0: the kernel picks a free one);
+    the locks held, for `relay serve` to release when it stops.
+
+    Raises:
+        LockHeld: the line `relay serve` prints: who holds which, and what to do.
+    """
+    locks = [database_lock(db)] + ([port_lock(port)] if port != 0 else [])
+    about = {"db": str(Path(db).resolve()), "port": port}
+    held: list[InstanceLock] = []
+    try:
+        for lock in locks:
+            lock.acquire(about)
+            held.append(lock)
+    except LockHeld:
+        for lock in held:
+            lock.release()
+        raise
+    return held

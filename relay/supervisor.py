@@ -1,14 +1,14 @@
 """`relay serve` with `server.workers` > 0: one writer process and its worker processes (issue 16).
 
-How this works: once `relay.node.run` holds the database's and the port's
+How this works: once `relay.assembly.run` holds the database's and the port's
 locks, `serve_processes` (this process: the writer) reserves the port with a
 socket bound with SO_REUSEPORT but never listening (port 0 thus gives one
-port to every worker), starts a `Node` that does not serve (the store with
-its hooks and the one writer, moderation with its purges, the expiry purge,
-retention, memory trim and peer sync: sync needs the write path and its
-leases), then the local channel (relay/channel/writer.py) on the runtime
-directory's `writer.sock`, then `count` worker processes (relay/worker.py),
-and logs `relay_started` once each of them listens.
+port to every worker), starts the writer's `Node` (relay/assembly.py,
+`Role.WRITER`: the store with its hooks and the one writer, moderation with
+its purges, the expiry purge, retention, memory trim and peer sync, and the
+local channel, relay/channel/writer.py, on the runtime directory's
+`writer.sock`), then `count` worker processes (relay/worker.py), and logs
+`relay_started` once each of them listens.
 
 What the processes share (docs/operating.md, "Limits across processes"): before any
 worker starts, the writer makes the metrics directory (prometheus-client's
@@ -42,24 +42,22 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import structlog
 
-from relay.channel.frames import socket_path
+from relay.assembly import (Node, Role, listen_failed, reuseport_socket, run, serve_until_stopped,
+                            start_or_exit_code)
 from relay.channel.writer import ChannelServer
 from relay.config import Config
 from relay.metrics import Metrics, mark_process_dead, start_multiprocess
-from relay.node import (STOP_SIGNALS, Node, listen_failed, run, serve_until_stopped, start_or_exit_code,
-                        tune_after_start, unmap_large_blocks_when_freed)
 from relay.processes import PROCESSES_FILE, WorkerProcess, write_processes
-from relay.protocol.event import Event
 from relay.runtime import runtime_dir
 from relay.server.iptable import IpTable
 from relay.server.ratelimit import create_ip_table
-from relay.worker import reuseport_socket
+from relay.signals import STOP_SIGNALS
+from relay.tuning import tune_after_start, unmap_large_blocks_when_freed
 
 log = structlog.get_logger(__name__)
 
@@ -180,13 +178,11 @@ class Processes:
     def __init__(self, config: Config, count: int, metrics_dir: Path | None = None) -> None:
         self.config = config
         self.count = count
-        self.node = Node(config, serve=False, metrics=Metrics(metrics_dir, writer=True))
+        self.node = Node(config, Role.WRITER, Metrics(metrics_dir, writer=True))
         self.port = 0
         self._reserved: socket.socket | None = None
-        self._channel: ChannelServer | None = None
         self._pool: WorkerPool | None = None
         self._ip_table: IpTable | None = None
-        self._refresh: asyncio.Task | None = None
         self._runtime = runtime_dir(config.store.path)
         self._config_path = self._runtime / "config.pickle"
 
@@ -211,34 +207,23 @@ class Processes:
             return code
         if stop.is_set():
             return None
-        node = self.node
-        self._channel = channel = ChannelServer(socket_path(config.store.path), node.ingest)
-        await channel.start()
-        node.ingest.live = _both(node.ingest.live, channel.broadcast_ephemeral)
-        node.store.add_listener(channel.on_commit)
         self._config_path.write_bytes(pickle.dumps(config))
         self._ip_table = create_ip_table(self._runtime, config.rate_limits, self.count)  # before any worker opens it
-        if node.metrics.multiprocess_dir is not None:
-            self._refresh = asyncio.create_task(node.metrics.refresh_forever(), name="metrics-refresh")
-        self._pool = WorkerPool(self._config_path, self.port, self.count, node.metrics, self._ip_table,
+        self._pool = WorkerPool(self._config_path, self.port, self.count, self.node.metrics, self._ip_table,
                                 self._runtime, stop)
         self._pool.start()
-        if not await _wait_for_workers(channel, self.count, stop):
+        if not await _wait_for_workers(self.node.channel, self.count, stop):
             await self.stop()
             return 1
         return None
 
     async def stop(self) -> None:
-        """Stop the workers (they drain), then the channel and the writer's node."""
+        """Stop the workers (they drain, the writer still answering), then the writer's node (its channel too)."""
         if self._pool is not None:
             await self._pool.stop(self.config.server.shutdown_timeout_seconds + 5.0)
             (self._runtime / PROCESSES_FILE).unlink(missing_ok=True)
-        if self._refresh is not None:
-            self._refresh.cancel()
         if self._ip_table is not None:
             self._ip_table.close()
-        if self._channel is not None:
-            await self._channel.close()
         await self.node.stop()
         if self._reserved is not None:
             self._reserved.close()
@@ -287,12 +272,3 @@ def _spawn_worker(args: list[str]) -> subprocess.Popen:
         return subprocess.Popen(args, stdin=subprocess.DEVNULL)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
-
-
-def _both(first: Callable[[Event], None] | None, then: Callable[[Event], None]) -> Callable[[Event], None]:
-    """`first(event)` (if any), then `then(event)`."""
-    def both(event: Event) -> None:
-        if first is not None:
-            first(event)
-        then(event)
-    return both

@@ -1,4 +1,4 @@
-"""`Relay(config)`: a whole node (relay/node.py) in the test's process, as the tests start and inspect it.
+"""`Relay(config)`: a whole node (relay/assembly.py `Node`) in the test's process, as the tests start and inspect it.
 
 With RELAY_TEST_WORKERS=N (N > 0), the node is the writer of N worker processes (relay/supervisor.py
 `Processes`), which serve the port: what a test reads of the server itself (its connections, counters)

@@ -25,7 +25,8 @@ LAYERS: list[set[str]] = [
     {"ingest"},
     {"wire"},  # websockets and HTTP on a socket, server and client sides: below everything that speaks on one
     {"server", "sync", "channel"},
-    {"node", "worker", "supervisor", "metrics", "retention", "hooks", "status", "status_page", "locks"},
+    {"assembly", "node", "worker", "supervisor", "metrics", "retention", "hooks", "status", "status_page", "locks",
+     "tuning", "signals"},
     {"commands", "cli", "arguments", "__main__"},
 ]
 APART = [{"server", "sync"}, {"server", "channel"}, {"sync", "channel"}]  # same layer, yet neither may import the other

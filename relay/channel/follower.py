@@ -3,7 +3,7 @@
 How this works: the cursor starts at the feed's head when the worker starts
 (its connections are new: no subscription of theirs wants anything older).
 Each wake-up (a `commit` frame, or a heartbeat: a missed frame costs at most
-one beat) sets an event; one task then reads `Store.changes(cursor, BATCH)`
+one beat) sets an event; one task then reads `ReadPool.changes(cursor, BATCH)`
 until it has caught up, turns each insertion still stored into an `Event`
 (trusted: the writer's process checked it) and hands them, with their
 positions, to `deliver` (`RelayServer.fanout`), which drops an event a
@@ -23,7 +23,7 @@ import structlog
 
 from relay.protocol.event import Event, trusted_event
 from relay.store.feed import StaleCursor
-from relay.store.store import Store
+from relay.store.reads import ReadPool
 
 log = structlog.get_logger(__name__)
 
@@ -36,7 +36,7 @@ class FeedFollower:
     `idle()` says whether no live subscription exists in this process.
     """
 
-    def __init__(self, store: Store, deliver: Callable[[list[Event], list[int]], None],
+    def __init__(self, store: ReadPool, deliver: Callable[[list[Event], list[int]], None],
                  idle: Callable[[], bool]) -> None:
         self.store = store
         self.deliver = deliver

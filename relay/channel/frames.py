@@ -5,7 +5,7 @@
 | `hello`     | worker -> writer | `worker` (index): sent once the worker listens                       |
 | `submit`    | worker -> writer | `items`: `encode_submit` of each event (verified)                    |
 | `outcomes`  | writer -> worker | `items`: `encode_outcome` of each submit answered (after its COMMIT) |
-| `commit`    | writer -> all    | a write transaction committed: read the change feed                  |
+| `commit`    | writer -> all    | `head`: the feed's largest position committed; read the change feed  |
 | `ephemeral` | writer -> all    | `event` (canonical JSON), `d`, `expiration`: fan out, never stored   |
 | `heartbeat` | writer -> all    | every `HEARTBEAT_SECONDS`: the writer is alive                       |
 | `job`       | worker -> writer | `id`, `job`: a store job and its arguments (pickled, base64)         |

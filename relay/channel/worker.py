@@ -8,8 +8,8 @@ which is where a connection waits before it reads its next EVENT, so a
 writer that is behind stops this worker's clients, as its full queue does in
 one process.  `run()` reads the writer's frames until the channel closes:
 each `commit` calls `on_commit(head)` with the largest position committed
-and each `heartbeat` `on_commit(None)` (the feed follower reads the change feed), each `ephemeral` calls `on_ephemeral`.  `run_job` is a worker
-store's `forward_job`: NIP-86 changes run on the writer (a `job` frame).  When the channel
+and each `heartbeat` `on_commit(None)` (the feed follower reads the change feed), each `ephemeral` calls `on_ephemeral`.  `run_job` is a worker's
+write path for store jobs (`Moderation`'s and `Ingest`'s `writer`): NIP-86 changes run on the writer (a `job` frame).  When the channel
 closes, every submit still waiting is answered "error:" (a job raises
 `StoreFailed`) and `run` returns:
 the worker must then stop, since nothing it takes could be acknowledged.

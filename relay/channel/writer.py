@@ -101,8 +101,7 @@ class ChannelServer:
 
     def _send_commit(self) -> None:
         self._commit_pending = False
-        self._head = 0  # the largest change feed position committed with an insertion
-        self._broadcast({"type": "commit", "head": self._head})
+        self._broadcast({"type": "commit", "head": self._head})  # the largest position committed with an insertion
 
     def _broadcast(self, frame: dict) -> None:
         data = frames.encode(frame)

@@ -3,7 +3,7 @@
 Each module is one command or a family of them, returns the exit code and
 prints what the person who ran it reads: `transfer` (import, export),
 `sync`, `status`, `key`, `backup`, `projectors` (verify, projectors,
-query).  `relay serve` is the node's own `run` (relay/node.py).
+query).  `relay serve` is the node's own `run` (relay/assembly.py).
 
 The helpers here are the answers every command gives alike: a path that cannot be
 opened (`path_error`), a database that must exist or whose folder must (`check_database_path`),

@@ -1,7 +1,7 @@
 """`relay ban event|pubkey|ip`, `relay unban event|pubkey|ip`, `relay bans [--json]`: the moderation lists from
 the command line.
 
-Each command opens the store as `relay serve` does (relay/node.py
+Each command opens the store as `relay serve` does (relay/assembly.py
 `open_store`, with its transaction hooks), or writes through the writer of
 the relay serving it (relay/commands/through.py), and changes the lists
 through the same `Moderation` the NIP-86 API uses (relay/ingest/moderation.py),
@@ -58,7 +58,7 @@ async def _open(config: Config) -> tuple[Moderation, WritePath]:
     """
     require_relay_database(config.store.path, "check --db")
     path = await open_write_path(config, read_connections=1)
-    return await Moderation.open(path.store, config), path
+    return await Moderation.open(path.store, config, writer=path.writer), path
 
 
 async def run_ban(config: Config, what: str, item: str, reason: str, purge: bool) -> int:

@@ -3,12 +3,12 @@ database that `relay serve` serves hand their events and store jobs to its write
 
 How this works: when the relay's channel socket (relay/channel/, in its
 runtime directory) accepts a connection, the command opens the store for
-reading only (`Store.open_reader`) and writes through the channel, as a
+reading only (`ReadPool.open`) and writes through the channel, as a
 worker does: events go through the command's own `Ingest` (parse, rules,
 signatures on its pool, NIP-70) and then to the writer (`WriterChannel.submit`),
 which runs the `[[policies]]`, commits, and fans them out to its live
-subscribers (and peers); store jobs (bans, sync leases) run on the writer
-(`Store.forward_job`).  With no relay running (no socket, or nobody
+subscribers (and peers); store jobs (bans, record clocks) run on the writer
+(`WritePath.writer`, the channel's `run_job`).  With no relay running (no socket, or nobody
 listening), the command opens the store for writing itself, as before; but
 while a relay holds the database's lock and its socket cannot be reached
 (it is starting, or a cleaner of the temporary directory removed it), the
@@ -31,10 +31,11 @@ from relay.hooks import hooks
 from relay.ingest import Ingest
 from relay.ingest.moderation import Moderation
 from relay.locks import is_served
-from relay.node import open_store
+from relay.assembly import open_store
 from relay.store.bulk import defer_indexes, restore_indexes
 from relay.store.location import DatabaseUnusable
-from relay.store.store import Store
+from relay.store.reads import ReadPool
+from relay.store.store import Jobs
 
 
 CHANNEL_WAIT_SECONDS = 5.0  # how long a command waits for the channel of a relay that holds the lock (starting)
@@ -43,10 +44,11 @@ _CHANNEL_RETRY_SECONDS = 0.25
 
 @dataclass
 class WritePath:
-    """Where a command writes: `store`, and the running relay's `channel` (None: the store's own writer);
-    `deferred`: the events' secondary indexes wait for `close()` (a bulk load into an empty store)."""
+    """Where a command writes: `store` (its reads; a `Store` when it writes itself), and the running relay's
+    `channel` (None: the store's own writer); `deferred`: the events' secondary indexes wait for `close()` (a
+    bulk load into an empty store)."""
 
-    store: Store
+    store: ReadPool
     channel: WriterChannel | None = None
     _reading: asyncio.Task | None = None
     # Set by close(): the running relay's writer went away while this command wrote through it (its events
@@ -57,10 +59,13 @@ class WritePath:
     async def ingest(self, config: Config) -> Ingest:
         """The command's `Ingest` on `store` with the bans of config and database, its last stage sent to the
         running relay's writer if there is one."""
-        ingest = Ingest.from_config(config, self.store, moderation=await Moderation.open(self.store, config))
-        if self.channel is not None:
-            ingest.sink, ingest.wait_for_room = self.channel.submit, self.channel.wait_for_room
-        return ingest
+        moderation = await Moderation.open(self.store, config, writer=self.channel)
+        return Ingest.from_config(config, self.store, moderation=moderation, forward=self.channel)
+
+    @property
+    def writer(self) -> Jobs:
+        """Where the command's store jobs run: the running relay's writer (the channel), or its own `Store`."""
+        return self.channel or self.store
 
     async def unless_writer_lost(self, work: Awaitable[object]) -> None:
         """Await `work`, cancelled if the running relay's writer goes away first (the relay stopped: a pipe
@@ -81,7 +86,7 @@ class WritePath:
     async def close(self) -> None:
         """Build the deferred indexes, if any; close the store (its writer drains first), then the channel."""
         if self.deferred:
-            await self.store.run_job(restore_indexes)
+            await self.writer.run_job(restore_indexes)
         await self.store.close()
         if self.channel is not None:
             self.writer_lost = self.channel.closed
@@ -114,10 +119,8 @@ async def open_write_path(config: Config, read_connections: int, bulk: bool = Fa
                                        f"starting, try again, else restart it") from None
             await asyncio.sleep(_CHANNEL_RETRY_SECONDS)
             waited += _CHANNEL_RETRY_SECONDS
-    store = await Store.open_reader(config.store.path, config.store.options(read_connections,
-                                                                            config.server.public_url),
-                                    hooks(config))  # (sync reads the NIP-77 index)
-    store.forward_job = channel.run_job
+    store = await ReadPool.open(config.store.path, config.store.options(read_connections, config.server.public_url),
+                                hooks(config))  # (sync reads the NIP-77 index)
     return WritePath(store, channel, asyncio.create_task(channel.run()))
 
 

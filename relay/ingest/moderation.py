@@ -48,7 +48,8 @@ from relay.store.moderation import (
     TRUSTED_PUBKEY,
     Entry,
 )
-from relay.store.store import Store
+from relay.store.reads import ReadPool
+from relay.store.store import Jobs, Store
 
 log = structlog.get_logger(__name__)
 
@@ -72,10 +73,14 @@ class Moderation:
 
     `runs_purges`: this process removes banned pubkeys' events in the
     background (the relay); the `relay ban` command purges in the foreground.
+    `writer` runs its changes: `store` (this process's `Store`), or the channel to the writer process
+    (a worker, a command through the running relay).
     """
 
-    def __init__(self, store: Store, config: Config, runs_purges: bool = False) -> None:
+    def __init__(self, store: ReadPool, config: Config, runs_purges: bool = False, writer: Jobs | None = None
+                 ) -> None:
         self.store = store
+        self.writer: Jobs | Store = writer or store
         self.config = config
         self.runs_purges = runs_purges
         self.version = -1
@@ -88,9 +93,11 @@ class Moderation:
         self._purges: dict[str, asyncio.Task] = {}
 
     @classmethod
-    async def open(cls, store: Store, config: Config, runs_purges: bool = False) -> Moderation:
-        """The moderation rules of `store`, loaded (and, with `runs_purges`, unfinished purges resumed)."""
-        moderation = cls(store, config, runs_purges)
+    async def open(cls, store: ReadPool, config: Config, runs_purges: bool = False, writer: Jobs | None = None
+                   ) -> Moderation:
+        """The moderation rules of `store`, loaded (and, with `runs_purges`, unfinished purges resumed); `writer`
+        as in `Moderation`."""
+        moderation = cls(store, config, runs_purges, writer)
         await moderation.load()
         return moderation
 
@@ -179,12 +186,12 @@ class Moderation:
 
     async def add(self, name: str, item: str, reason: str = "", drop: Sequence[str] = ()) -> None:
         """Put `item` on the list `name` with `reason`, taking it off the lists `drop`."""
-        await self.store.run_job(bans.set_entries, [Entry(name, item, reason, int(time.time()))], drop)
+        await self.writer.run_job(bans.set_entries, [Entry(name, item, reason, int(time.time()))], drop)
         await self.load()
 
     async def remove(self, names: Sequence[str], item: str) -> bool:
         """Take `item` off the lists `names`; False when it was on none."""
-        gone = await self.store.run_job(bans.remove_entry, names, item)
+        gone = await self.writer.run_job(bans.remove_entry, names, item)
         await self.load()
         return gone
 
@@ -193,14 +200,14 @@ class Moderation:
         the opposite list is only taken off it (True); another is put on this one (False).  So `allowkind k`
         after `disallowkind k` goes back to the rules before, and not to "only k is allowed"."""
         name, opposite = (ALLOWED_KIND, DISALLOWED_KIND) if allow else (DISALLOWED_KIND, ALLOWED_KIND)
-        lifted = await self.store.run_job(bans.lift_or_set, Entry(name, str(kind), reason, int(time.time())),
+        lifted = await self.writer.run_job(bans.lift_or_set, Entry(name, str(kind), reason, int(time.time())),
                                           opposite)
         await self.load()
         return lifted
 
     async def ban_event(self, event_id: str, reason: str = "") -> bool:
         """Ban the event of 64-hex `event_id` and remove it if stored (True then); see relay/store/bans.py."""
-        removed = await self.store.run_job(bans.ban_event, Entry(BANNED_EVENT, event_id, reason, int(time.time())))
+        removed = await self.writer.run_job(bans.ban_event, Entry(BANNED_EVENT, event_id, reason, int(time.time())))
         await self.load()
         log.info("event_banned", event_id=event_id, removed=removed)
         return removed
@@ -212,7 +219,7 @@ class Moderation:
         now = int(time.time())
         entries = [Entry(BANNED_PUBKEY, pubkey, reason, now)] + ([Entry(PURGE_PUBKEY, pubkey, "", now)] if purge
                                                                   else [])
-        refused = await self.store.run_job(bans.set_entries, entries, (ALLOWED_PUBKEY,))
+        refused = await self.writer.run_job(bans.set_entries, entries, (ALLOWED_PUBKEY,))
         await self.load()
         if isinstance(refused, Refused):  # by the writer of the relay serving the database (`refusal`)
             raise refused
@@ -226,8 +233,8 @@ class Moderation:
         batch, removed = self.config.admin.purge_batch_size, 0
         step = f"purge of banned pubkey {pubkey}"
         while True:
-            count = await (self.store.run_retried(step, bans.purge_step, pubkey, batch) if in_background
-                           else self.store.run_job(bans.purge_step, pubkey, batch))
+            count = await (self.writer.run_retried(step, bans.purge_step, pubkey, batch) if in_background
+                           else self.writer.run_job(bans.purge_step, pubkey, batch))
             removed += count
             if count < batch:
                 return removed

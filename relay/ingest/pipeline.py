@@ -25,8 +25,9 @@ import asyncio
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Protocol
 
 import structlog
 
@@ -52,12 +53,21 @@ from relay.protocol.envelopes import loads
 from relay.protocol.event import Event, EventLimits, event_ref, is_ephemeral, parse_event
 from relay.protocol.rejection import Rejection
 from relay.store import refused
-from relay.store.store import Store
+from relay.store.reads import ReadPool
+from relay.store.store import Jobs, Store
 
 log = structlog.get_logger(__name__)
 
 Done = Callable[[Outcome], None]
 Screen = Callable[[Event], None]
+
+
+class Forward(Jobs, Protocol):
+    """The channel to the writer process (relay/channel/worker.py `WriterChannel`): ingest's last stage and its
+    jobs run there."""
+
+    def submit(self, event: Event, source: Source, done: Done) -> None:
+        """Hand a checked event to the writer process; `done(outcome)` once it is settled there."""
 
 
 class Ingest:
@@ -71,10 +81,10 @@ class Ingest:
     protected events are taken (NIP-70).
     """
 
-    def __init__(self, store: Store, limits: EventLimits | None = None, kinds: rules.KindRules | None = None,
+    def __init__(self, store: ReadPool, limits: EventLimits | None = None, kinds: rules.KindRules | None = None,
                  threads: int = 2, live: Callable[[Event], None] | None = None,
                  moderation: Moderation | None = None, policies: Policies | None = None,
-                 nip70_peers: frozenset[str] = frozenset()) -> None:
+                 nip70_peers: frozenset[str] = frozenset(), forward: Forward | None = None) -> None:
         self.store = store
         self.limits = limits or EventLimits()
         self.kinds = kinds or rules.KindRules()
@@ -86,18 +96,20 @@ class Ingest:
         self._refused: list[tuple[bytes, str]] = []  # peers' events refused by a policy, to record as settled
         # policy refusals to log for people (refused.py), as many as the log keeps
         self._logged: deque[tuple[str, int, str, str, str]] = deque(maxlen=refused.LOG_ROWS)
-        # The last stage, after NIP-70: the policies and the writer queue here (`take_verified`); in a worker
-        # process, the local channel to the writer process, which runs `take_verified` (relay/channel/).
-        self.sink: Callable[[Event, Source, Done], None] = self.take_verified
-        # What callers await before submitting (back-pressure): the writer queue's room, or the channel's.
-        self.wait_for_room: Callable[[], Awaitable[None]] = store.wait_for_room
+        # Where events and store jobs go: this process's writer (`store`, a `Store`), or `forward`, the local
+        # channel to the writer process (relay/channel/), which runs the last stage and the jobs.
+        self.writer: Forward | Store = forward or store
+        # The last stage, after NIP-70: the policies and the writer queue here (`take_verified`), or the channel.
+        self.sink: Callable[[Event, Source, Done], None] = self.take_verified if forward is None else forward.submit
         self._recording: asyncio.Task | None = None
 
     @classmethod
-    def from_config(cls, config: Config, store: Store, live: Callable[[Event], None] | None = None,
-                    moderation: Moderation | None = None) -> Ingest:
+    def from_config(cls, config: Config, store: ReadPool, live: Callable[[Event], None] | None = None,
+                    moderation: Moderation | None = None, forward: Forward | None = None) -> Ingest:
         """The ingest of `config`: `[limits]` for events, `[auth]` kinds, `store.verify_threads`, `[[policies]]`;
-        with `moderation`, its effective rules instead of the `[auth]` kinds alone.
+        with `moderation`, its effective rules instead of the `[auth]` kinds alone; `forward`: the channel to
+        the writer process (a worker, a command through the running relay; None: `store` is this process's
+        `Store`).
 
         Raises:
             ConfigError: a policy's module cannot be loaded (relay/ingest/policies.py `load`).
@@ -105,7 +117,12 @@ class Ingest:
         auth = config.auth
         return cls(store, config.limits.event_limits(), rules.KindRules.of(auth.allow_kinds, auth.deny_kinds),
                    config.store.verify_threads, live, moderation=moderation, policies=Policies.load(config.policies),
-                   nip70_peers=frozenset(p.url for p in config.sync.peers if p.nip70_events))
+                   nip70_peers=frozenset(p.url for p in config.sync.peers if p.nip70_events), forward=forward)
+
+    async def wait_for_room(self) -> None:
+        """Wait while the writer's queue (or the channel's, `forward`) is full: the back-pressure callers await
+        before they submit."""
+        await self.writer.wait_for_room()
 
     def submit(self, obj: object, source: Source, done: Done, screen: Screen | None = None) -> Event | None:
         """Take one event from `source`; `done(outcome)` runs on the loop once it is settled.
@@ -269,7 +286,7 @@ class Ingest:
                 batch, self._refused = self._refused, []
                 logged = list(self._logged)
                 self._logged.clear()
-                await self.store.run_job(refused.record, batch, int(time.time()), refused.MAX_ROWS, logged)
+                await self.writer.run_job(refused.record, batch, int(time.time()), refused.MAX_ROWS, logged)
         except Exception as exc:  # a failed writer stops the relay elsewhere; the ids are fetched again later
             log.error("policy_refusals_not_recorded", error=repr(exc))
         finally:
@@ -278,7 +295,7 @@ class Ingest:
     def _take(self, event: Event, source: Source, done: Done) -> None:
         try:
             if not is_ephemeral(event.kind):
-                self.store.enqueue(event, source.origin, partial(_stored, done))
+                self.writer.enqueue(event, source.origin, partial(_stored, done))
                 return
             # (kind 22242, AUTH's, is ephemeral but refused before: rules.reject_auth_kind)
             outcome = ACCEPTED if source.fans_out_ephemeral else EPHEMERAL

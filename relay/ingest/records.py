@@ -168,7 +168,7 @@ class RecordApi(Records):
         told = False
         while True:
             now = int(time.time())
-            value = await self.store.run_job(clock.reserve, coordinate, now, now + margin)
+            value = await self.ingest.writer.run_job(clock.reserve, coordinate, now, now + margin)
             if value <= now + margin:
                 return value
             if not wait:

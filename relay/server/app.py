@@ -2,7 +2,7 @@
 
 `RelayServer` holds what every connection shares (limits, live
 subscription index, NIP-42 access, rate limits, the NIP-77 responder) and is
-given the rest by the node that builds it (relay/node.py): the store, the
+given the rest by the assembly that builds it (relay/assembly.py): the store, the
 ingest path with its signature pool, the handlers' counters and the
 /metrics page.  `listen()` starts serving, `close(deadline)` drains and
 closes every connection, `stats()` reports its counts to metrics.
@@ -43,7 +43,7 @@ from relay.server.tables import TablesApi
 from relay.wire.handshake import RoutedServerConnection
 from relay.wire.http import Handler, HttpRequest, HttpResponse, Routes
 from relay.wire.websocket import reset
-from relay.store.store import Store
+from relay.store.reads import ReadPool
 
 log = structlog.get_logger(__name__)
 
@@ -66,14 +66,17 @@ class ServerStats:
 
 
 class RelayServer:
-    """The WebSocket and HTTP side of one relay process; built by relay/node.py once the store is open.
+    """The WebSocket and HTTP side of one relay process; built by relay/assembly.py once the store is open.
 
     `metrics` is what the handlers count (`HandlerMetrics`); `metrics_page`
-    answers `GET /metrics`.
+    answers `GET /metrics`.  A worker process gives `ip_table` (its view of the per-IP limits every worker
+    shares; None: this process's own), `health` (its `GET /health` answer: (healthy, JSON body), whether it
+    reaches the writer process; None: "ok") and `server_header` (the Server header of its handshakes, naming it).
     """
 
-    def __init__(self, config: Config, store: Store, ingest: Ingest, metrics: HandlerMetrics,
-                 metrics_page: Handler, ip_table: IpTable | None = None) -> None:
+    def __init__(self, config: Config, store: ReadPool, ingest: Ingest, metrics: HandlerMetrics,
+                 metrics_page: Handler, ip_table: IpTable | None = None,
+                 health: Callable[[], tuple[bool, dict]] | None = None, server_header: str | None = None) -> None:
         self.config = config
         self.store = store
         self.ingest = ingest
@@ -96,10 +99,8 @@ class RelayServer:
         self.negentropy = NegentropyService(config.negentropy, store, self.internal_error)  # NIP-77 responder
         self.keepalive = Keepalive(config.server.ping_interval_seconds, config.server.ping_timeout_seconds)
         self._keepalive_task: asyncio.Task | None = None  # from listen()
-        # A worker process's GET /health answer: (healthy, JSON body) saying whether it reaches the writer process;
-        # None (one process): "ok".
-        self.health: Callable[[], tuple[bool, dict]] | None = None
-        self.server_header: dict = {}  # a worker process names itself in its handshakes' Server header
+        self._health_source = health
+        self._server_header = {"server_header": server_header} if server_header is not None else {}
         self.routes = self._routes(metrics_page)  # HTTP on the WebSocket port (relay/wire/http.py)
         self._connection_services = self._connection_parts()
 
@@ -113,7 +114,7 @@ class RelayServer:
         where = {"sock": sock} if sock is not None else {"host": self.config.server.host,
                                                          "port": self.config.server.port}
         self.server = await serve(
-            self._handle, **where, **self.server_header,
+            self._handle, **where, **self._server_header,
             max_size=self.config.limits.max_message_bytes,
             max_queue=16, compression=None, ping_interval=None,  # pings: server/keepalive.py
             create_connection=self._server_connection,
@@ -226,9 +227,9 @@ class RelayServer:
     async def _health(self, request: HttpRequest) -> HttpResponse:
         """200 "ok"; in a worker process, 200 and {"writer": "ok", "workers": N, "worker": i}, or 503 and
         "writer": "unreachable" when it has heard nothing from the writer process for a second."""
-        if self.health is None:
+        if self._health_source is None:
             return HttpResponse(HTTPStatus.OK, b"ok\n", "text/plain")
-        healthy, body = self.health()
+        healthy, body = self._health_source()
         status = HTTPStatus.OK if healthy else HTTPStatus.SERVICE_UNAVAILABLE
         return HttpResponse(status, orjson.dumps(body), "application/json")
 

@@ -262,7 +262,7 @@ class ManagementApi:
         if allowed is not None and not allowed:
             raise Rejection("restricted", "this pubkey is not an admin of this relay and was granted no method")
         # One writer job for every process of the relay (relay/store/auth_claims.py), so no worker takes a replay.
-        if not await self.moderation.store.run_job(auth_claims.claim, event.sig,
+        if not await self.moderation.writer.run_job(auth_claims.claim, event.sig,
                                                    event.created_at + self.max_age_seconds, int(now)):
             raise Rejection("invalid", "NIP-98: this auth event was used already; sign a new one")
         return event.pubkey, allowed

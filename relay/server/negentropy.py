@@ -10,7 +10,7 @@ one of two places:
 * the persisted index (relay/store/negentropy/) when the filter, once
   since/until/limit are set aside, equals an indexed filter (`{}` is the full
   set).  The session holds no items: each message is answered inside a fresh
-  read transaction (`Store.read_snapshot`), from the window since/until and
+  read transaction (`ReadPool.read_snapshot`), from the window since/until and
   the newest `limit` items, and no snapshot is held between messages;
 * any other filter: a SortedVector built at NEG-OPEN by one query of
   (created_at, id), at most `max_sync_events` items (past it, NEG-ERR
@@ -53,7 +53,7 @@ from relay.protocol.filters import Filter
 from relay.protocol.negentropy import Negentropy, NegentropyError, SortedVector
 from relay.server.access import ConnectionAccess
 from relay.store.negentropy import GroupCache, NegentropyIndex, query_vector, reconcile_from_index
-from relay.store.store import Store
+from relay.store.reads import ReadPool
 
 log = structlog.get_logger(__name__)
 
@@ -68,7 +68,7 @@ class NegentropyService:
     `config.max_session_items`.
     """
 
-    def __init__(self, config: NegentropyConfig, store: Store,
+    def __init__(self, config: NegentropyConfig, store: ReadPool,
                  internal_error: Callable[..., str]) -> None:
         self.config = config
         self.store = store

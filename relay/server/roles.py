@@ -41,7 +41,7 @@ def _role(params: list) -> Role:
 
 
 async def _write(moderation: Moderation, step: Callable, *args) -> object:
-    return await moderation.store.run_job(table.run, step, *args)
+    return await moderation.writer.run_job(table.run, step, *args)
 
 
 def _must(done: object, error: str) -> bool:

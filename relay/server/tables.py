@@ -22,7 +22,7 @@ from relay.config import Config
 from relay.server.ratelimit import REFUSALS, REQS, RateLimits
 from relay.wire.http import HttpRequest, HttpResponse, Routes
 from relay.store.records import DEFAULT_LIMIT, RecordQueryError, Records, TableBuilding
-from relay.store.store import Store
+from relay.store.reads import ReadPool
 
 PATH = "/tables"
 """The list of tables; a table's rows are at PATH/NAME."""
@@ -33,7 +33,7 @@ _RESERVED = frozenset({"order_by", "after", "limit"})
 class TablesApi:
     """Answers `GET /tables` and `GET /tables/NAME` from `store`'s read connections (module docstring)."""
 
-    def __init__(self, config: Config, store: Store, rate_limits: RateLimits) -> None:
+    def __init__(self, config: Config, store: ReadPool, rate_limits: RateLimits) -> None:
         self.records = Records(store, config.projectors, config.auth.private_kinds)
         self.max_limit = config.http.tables_max_limit
         self.rate_limits = rate_limits

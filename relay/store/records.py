@@ -32,7 +32,7 @@ import orjson
 
 from relay.store.projectors.spec import ProjectorSpec
 from relay.store.projectors.tables import build_progress, quote
-from relay.store.store import Store
+from relay.store.reads import ReadPool
 
 DEFAULT_LIMIT = 100
 """Rows of a page when no limit is given."""
@@ -197,7 +197,7 @@ class Records:
     serves every table).
     """
 
-    def __init__(self, store: Store, specs: Iterable[object], private_kinds: Iterable[int] = ()) -> None:
+    def __init__(self, store: ReadPool, specs: Iterable[object], private_kinds: Iterable[int] = ()) -> None:
         self.store = store
         self.tables = views(specs, private_kinds)
         self._projector = {s.table: s.name for s in specs if isinstance(s, ProjectorSpec)}

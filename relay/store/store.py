@@ -1,4 +1,4 @@
-"""The store: one writer task with group commit, and a pool of read connections.
+"""The store: one writer task with group commit, beside its pool of read connections (relay/store/reads.py).
 
 How this works: `enqueue` puts a validated event on the writer queue with a
 callback (`submit` is the awaitable form).  The writer task takes everything
@@ -8,91 +8,33 @@ callback with its (accepted, message) outcome and hands the `Changes` to
 listeners (live fan-out).  A queue at `writer_queue_size` clears `room`:
 connections `await wait_for_room()` before reading more (back-pressure).
 Reads borrow a connection from the pool for one whole job (WAL: they never
-wait on the writer).
+wait on the writer): `Store` is a `ReadPool` with the writer beside it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import sqlite3
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 from pathlib import Path
 
 import aiosqlite
 import structlog
 
 from relay.failing import FailingSteps
-from relay.protocol.auth import PrivateKinds
 from relay.protocol.event import Event
-from relay.protocol.filters import Filter
 from relay.store import bulk, db, feed
-from relay.store.bounds import run_with_deadline
-from relay.store.checkpoint import CHECKPOINT_MODES, checkpoint
+from relay.store.checkpoint import checkpoint
 from relay.store.location import DatabaseUnusable, check_location
-from relay.store.queries import compile_count, compile_filter, run_count, run_query
+from relay.store.options import StoreOptions
+from relay.store.reads import ReadPool
 from relay.store.writes import Changes, TransactionHook, Write, apply_batch, purge_expired
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class StoreOptions:
-    """Store tuning: counts of events and connections, bytes, seconds.
-
-    The fields with metadata are also `[store]` keys of the same names: their
-    default and rules (one-line doc, unit, minimum, choices, scope: one of
-    relay.config.SCOPES) are written here once, and relay/config.py reads them
-    from these fields.
-    """
-
-    synchronous: str = field(default="normal", metadata={
-        "doc": "SQLite synchronous; normal survives process crashes", "choices": ("off", "normal", "full", "extra")})
-    read_connections: int = field(default=4, metadata={
-        "doc": "read connections serving REQ and COUNT", "unit": "connections", "min": 1, "scope": "per process"})
-    writer_queue_size: int = field(default=4096, metadata={
-        "doc": "events waiting for the writer; when full, connections stop reading", "unit": "events", "min": 1,
-        "scope": "relay-wide, the writer's"})
-    max_batch: int = field(default=1024, metadata={
-        "doc": "events committed in one transaction at most", "unit": "events", "min": 1,
-        "scope": "relay-wide, the writer's"})
-    max_batch_bytes: int = field(default=4_194_304, metadata={
-        "doc": "bytes of event JSON committed in one transaction at most (one event always fits)", "unit": "bytes",
-        "scope": "relay-wide, the writer's"})
-    purge_batch: int = 1000  # events per NIP-40 purge transaction (not a key)
-    checkpoint_interval_seconds: float = field(default=1.0, metadata={
-        "doc": "time between WAL checkpoints by a background connection; 0: the writer checkpoints itself",
-        "unit": "seconds"})
-    checkpoint_mode: str = field(default="passive", metadata={  # relay/store/checkpoint.py: the policy
-        "doc": "the mode run after a PASSIVE round that copied the whole WAL back", "choices": CHECKPOINT_MODES})
-    checkpoint_truncate_wal_bytes: int = field(default=67_108_864, metadata={
-        "doc": "size of the WAL file past which a TRUNCATE is attempted; 0: never", "unit": "bytes"})
-    change_log_max_entries: int = field(default=1_000_000, metadata={
-        "doc": "removals kept in the change feed's log (oldest dropped first); an older cursor is refused",
-        "unit": "entries", "min": 1, "scope": "relay-wide, in the database"})
-    read_mmap_bytes: int = field(default=2_147_483_648, metadata={
-        "doc": "bytes of the database each read connection maps (SQLite mmap_size, at most 2 GiB in SQLite's "
-               "default build): pages it misses come in with the kernel's read-around; 0: plain reads",
-        "unit": "bytes", "scope": "per read connection"})
-    relay_urls: frozenset[tuple] = frozenset()  # this relay's URL keys (relay_url_key), for NIP-62 requests to vanish
-    writer_cache_kib: int = 65_536  # the write connection's page cache (not a key; see `bulk`)
-
-    def bulk(self) -> StoreOptions:
-        """These options for a writer that takes a bulk load (`relay import` writing itself): transactions of up
-        to BULK_BATCH events and a page cache of BULK_CACHE_KIB, so that an index page many events of one
-        transaction touch is written once per commit, not once per `max_batch`; no subscriber waits for a
-        commit's events here."""
-        return dataclasses.replace(self, max_batch=max(self.max_batch, BULK_BATCH),
-                                   max_batch_bytes=max(self.max_batch_bytes, BULK_BATCH_BYTES),
-                                   writer_cache_kib=max(self.writer_cache_kib, BULK_CACHE_KIB))
-
-
-BULK_BATCH = 32_768  # events per transaction of a bulk load at most (StoreOptions.bulk)
-BULK_BATCH_BYTES = 268_435_456
-BULK_CACHE_KIB = 1_048_576
 
 
 RETRY_FIRST_SECONDS = 1.0  # `run_retried`: the first wait after a failure, doubled at each failure in a row
@@ -129,19 +71,29 @@ def _purge_job(conn, hooks: Sequence[TransactionHook], max_rows: int) -> tuple[C
     return changes, len(changes.removed)
 
 
-class Store:
-    """Events in one SQLite file (WAL): `submit` writes, `query`/`count` read.
+class Jobs(Protocol):
+    """Where store jobs go: this process's `Store`, or the channel to the writer process (relay/channel/worker.py
+    `WriterChannel`: a worker's, or a command's writing through the running relay)."""
+
+    async def run_job(self, job: Callable, *args) -> object:
+        """`Store.run_job`."""
+
+    async def wait_for_room(self) -> None:
+        """`Store.wait_for_room`."""
+
+
+class Store(ReadPool):
+    """The writer of one SQLite file (WAL): `submit` writes, `run_job` runs maintenance; the reads of its
+    `ReadPool` beside it.
 
     Open with `await Store.open(path, options)`; close with `await close()`,
     which first drains the writer queue.
     """
 
-    def __init__(self, path: Path, options: StoreOptions, hooks: Sequence[TransactionHook] = ()) -> None:
-        self.path = path
-        self.options = options
-        self.hooks = tuple(hooks)
+    def __init__(self, path: Path, options: StoreOptions, hooks: Sequence[TransactionHook] = (),
+                 on_batch: Callable[[int, float], None] | None = None) -> None:
+        super().__init__(path, options, hooks)
         self._writer_conn: aiosqlite.Connection | None = None
-        self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
         # A Write, or a maintenance job (see `run_job`), with the callback of its outcome.
         self._pending: deque[tuple[Write | Callable, Callable[[object, str], None]]] = deque()
@@ -154,25 +106,25 @@ class Store:
         self._checkpoint_task: asyncio.Task | None = None
         self._listeners: list[Callable[[Changes], None]] = []
         # Told (events, seconds) of every write transaction: the relay's metrics (relay/metrics.py).
-        self.on_batch: Callable[[int, float], None] = lambda events, seconds: None
+        self._on_batch = on_batch or (lambda events, seconds: None)
         self._failure: BaseException | None = None
         self._answered = 0  # entries of the batch being written that were answered (see `_writer_loop`)
         # Background steps failing now, listed for `relay status` (see `run_retried`).
         self.failing = FailingSteps(path)
-        # A reader's `run_job` hands the job to the writer process instead (relay/channel/worker.py), or None.
-        self.forward_job: Callable[..., Awaitable[object]] | None = None
 
     @classmethod
     async def open(cls, path: Path | str, options: StoreOptions = StoreOptions(),
-                   hooks: Sequence[TransactionHook] = ()) -> Store:
+                   hooks: Sequence[TransactionHook] = (), on_batch: Callable[[int, float], None] | None = None
+                   ) -> Store:
         """Open (creating and migrating) the database at `path`, set up `hooks`, and start the writer.
 
-        `hooks` run inside every write transaction (see `writes.TransactionHook`).
+        `hooks` run inside every write transaction (see `writes.TransactionHook`); `on_batch(events, seconds)`
+        is told of each write transaction (the relay's metrics, relay/metrics.py).
 
         Raises:
             DatabaseUnusable: this process cannot read and write a database at `path` (it names why).
         """
-        store = cls(Path(path), options, hooks)
+        store = cls(Path(path), options, hooks, on_batch)
         check_location(store.path)
         try:
             store.path.parent.mkdir(parents=True, exist_ok=True)
@@ -190,37 +142,11 @@ class Store:
             raise DatabaseUnusable(store.path, str(exc)) from exc
         for hook in store.hooks:
             await db.run(store._writer_conn, hook.setup)
-        for _ in range(options.read_connections):
-            store._readers.put_nowait(await db.connect(store.path, readonly=True, mmap_bytes=options.read_mmap_bytes))
+        await store._connect_readers()
         store._writer_task = asyncio.create_task(store._writer_loop(), name="store-writer")
         if options.checkpoint_interval_seconds > 0:
             store._checkpoint_conn = await db.connect(store.path, options.synchronous)
             store._checkpoint_task = asyncio.create_task(store._checkpoint_loop(), name="store-checkpoint")
-        return store
-
-    @classmethod
-    async def open_reader(cls, path: Path | str, options: StoreOptions = StoreOptions(),
-                          hooks: Sequence[TransactionHook] = ()) -> Store:
-        """The database at `path` for reading only (a worker process): `options.read_connections` read
-        connections, no writer task, no checkpoints.  `enqueue` answers "error:" and `run_job` raises
-        `StoreFailed`: writes go through the writer process (relay/channel/).  `hooks` are never set up nor
-        run here (the writer does); those with an `attach(conn)` find their tables, for the readers of their
-        indexes (NIP-77, NIP-50).
-
-        Raises:
-            DatabaseUnusable: the database cannot be opened (e.g. absent: the writer creates it).
-        """
-        store = cls(Path(path), options, hooks)
-        try:
-            for _ in range(options.read_connections):
-                store._readers.put_nowait(await db.connect(store.path, readonly=True, mmap_bytes=options.read_mmap_bytes))
-            for hook in store.hooks:
-                if hasattr(hook, "attach"):
-                    await store._read(hook.attach)
-        except (OSError, sqlite3.Error) as exc:
-            await store.close()
-            raise DatabaseUnusable(store.path, str(exc)) from exc
-        store._failure = StoreFailed("this process only reads the database; the writer process writes")
         return store
 
     async def _checkpoint_loop(self) -> None:
@@ -288,9 +214,6 @@ class Store:
         to `hooks` as `writes.purge_expired` does, so client writes interleave
         with a long job split into many.  Listeners get its `Changes`.
 
-        In a store opened with `open_reader`, the job goes to `forward_job`
-        when set (the writer process runs it).
-
         A job that raises is rolled back alone (its transaction) and logged with what it was; the writer
         goes on.
 
@@ -298,8 +221,6 @@ class Store:
             JobFailed: the job raised (its error is the message); nothing of it was kept.
             StoreFailed: the writer has failed (before or while running it).
         """
-        if self.forward_job is not None:
-            return await self.forward_job(job, *args)
         if self._failure is not None:
             raise StoreFailed("the relay cannot store events now")
         future = self._loop.create_future()
@@ -410,7 +331,7 @@ class Store:
         started = time.perf_counter()
         outcomes, changes = await db.run(self._writer_conn, apply_batch, [w for w, _ in writes], self.hooks,
                                          self.options.relay_urls)
-        self.on_batch(len(writes), time.perf_counter() - started)
+        self._on_batch(len(writes), time.perf_counter() - started)
         # call_soon: a failing callback is logged by the loop and never stops the writer.
         for (_, done), outcome in zip(writes, outcomes):
             self._loop.call_soon(done, *outcome)
@@ -445,120 +366,6 @@ class Store:
             else:
                 self._loop.call_soon(done, None, StoreFailed(message))
 
-    async def _read(self, fn, *args):
-        conn = await self._readers.get()
-        try:
-            return await db.run(conn, fn, *args)
-        finally:
-            self._readers.put_nowait(conn)
-
-    async def read_snapshot(self, fn, *args):
-        """Run `fn(sqlite3_conn, *args)` on a read connection inside ONE read transaction, ended on return.
-
-        For a job whose statements must all see one state (a NIP-77 message
-        answered from the negentropy index); no snapshot outlives the job.
-        """
-        def in_transaction(conn, *fn_args):
-            with db.read_transaction(conn):
-                return fn(conn, *fn_args)
-
-        return await self._read(in_transaction, *args)
-
-    async def head(self) -> int:
-        """The change feed's head: the position of the newest change (0: none yet)."""
-        return await self.read_snapshot(feed.head)
-
-    async def changes(self, since: int, limit: int) -> list[feed.Change]:
-        """The first `limit` changes of the change feed after cursor `since` (relay/store/feed.py), in one snapshot.
-
-        Raises:
-            feed.StaleCursor: `since` is older than the removal log keeps.
-        """
-        return await self.read_snapshot(feed.read, since, limit)
-
-    async def query(self, filters: list[Filter], default_limit: int, max_limit: int,
-                    private: PrivateKinds | None = None, max_rows: int | None = None,
-                    timeout_seconds: float = 0.0, max_bytes: int | None = None) -> list[bytes]:
-        """Raw JSON of the live events matching any filter, newest first (ties: lowest id).
-
-        Each filter keeps its own `limit` (`default_limit` when absent,
-        clamped to `max_limit`); `limit: 0` and empty filters select nothing.
-        `private` hides what the reader may not see of the private kinds (NIP-42).
-        All filters together return at most `max_rows` events and `max_bytes`
-        bytes of events (the newest that fit; an event larger than `max_bytes`
-        is left out).
-
-        Raises:
-            Rejection: "error:" when the statements ran past `timeout_seconds` (0: no bound).
-        """
-        compiled = _compile_query(filters, default_limit, max_limit, private, max_rows)
-        if not compiled:
-            return []
-        return await self._read(run_with_deadline, timeout_seconds, run_query, compiled, max_rows, max_bytes)
-
-    async def query_at_head(self, filters: list[Filter], default_limit: int, max_limit: int,
-                            private: PrivateKinds | None = None, max_rows: int | None = None,
-                            timeout_seconds: float = 0.0, max_bytes: int | None = None) -> tuple[list[bytes], int]:
-        """`query`, and the change feed's head read in the same read transaction: (raw events, head).
-
-        Every event committed at a position up to `head` is in the snapshot the
-        events came from, so a live subscription skips those (relay/server/).
-
-        Raises:
-            Rejection: "error:" when the statements ran past `timeout_seconds` (0: no bound).
-        """
-        compiled = _compile_query(filters, default_limit, max_limit, private, max_rows)
-
-        def query_and_head(conn: sqlite3.Connection) -> tuple[list[bytes], int]:
-            rows = run_query(conn, compiled, max_rows, max_bytes) if compiled else []
-            return rows, feed.head(conn)
-
-        return await self.read_snapshot(run_with_deadline, timeout_seconds, query_and_head)
-
-    async def count(self, filters: list[Filter], private: PrivateKinds | None = None,
-                    timeout_seconds: float = 0.0) -> int:
-        """NIP-45: how many distinct live events match any of `filters` (and are visible, given `private`).
-
-        Raises:
-            Rejection: "error:" when the count ran past `timeout_seconds` (0: no bound).
-        """
-        now = int(time.time())
-        compiled = [compile_count(f, now, private) for f in filters if not f.is_empty()]
-        if not compiled:
-            return 0
-        return await self._read(run_with_deadline, timeout_seconds, run_count, compiled)
-
-    async def scan(self, f: Filter, chunk_rows: int = 1000) -> AsyncIterator[bytes]:
-        """Yield the raw JSON of every live event matching `f`, newest first, up to `f.limit` if it has one.
-
-        Unlike `query`, no default or maximum limit applies.  Holds one read
-        connection (one snapshot) until the iteration ends.
-        """
-        conn = await self._readers.get()
-        # SQLite: a negative LIMIT is no limit.
-        compiled = compile_filter(f, -1 if f.limit is None else f.limit, int(time.time()))
-        cursor = None
-        try:
-            cursor = await db.run(conn, lambda c: c.execute(compiled.sql, compiled.params))
-            while rows := await db.run(conn, lambda c: cursor.fetchmany(chunk_rows)):
-                for row in rows:
-                    yield row[2]
-        finally:
-            if cursor is not None:
-                await db.run(conn, lambda c: cursor.close())
-            self._readers.put_nowait(conn)
-
-    async def items(self, f: Filter) -> list[tuple[int, bytes]]:
-        """(created_at, 32-byte id) of every live event matching `f`, ignoring its `limit`.
-
-        The local side of a NIP-77 reconciliation (relay/sync/); one read job, one snapshot.
-        """
-        if f.is_empty():
-            return []
-        compiled = compile_filter(f, -1, int(time.time()))  # SQLite: a negative LIMIT is no limit
-        sql = f"SELECT created_at, id FROM ({compiled.sql})"  # raw is not read: the subquery is flattened
-        return await self._read(lambda c: c.execute(sql, compiled.params).fetchall())
-
     async def close(self) -> None:
         """Drain the writer queue, stop the writer and close every connection."""
         if self._writer_task is not None and not self._writer_task.done():
@@ -573,8 +380,7 @@ class Store:
         if self._checkpoint_task is not None:
             self._checkpoint_task.cancel()
             await self._checkpoint_conn.close()
-        while not self._readers.empty():
-            await self._readers.get_nowait().close()
+        await super().close()
         if self._writer_conn is not None:
             await self._writer_conn.close()
 
@@ -594,12 +400,3 @@ class _Job:
 def _job_name(job: _Job) -> str:
     """What a failed job was, for the log and its caller: the function's qualified name."""
     return getattr(job.job, "__qualname__", repr(job.job))
-
-
-def _compile_query(filters: list[Filter], default_limit: int, max_limit: int, private: PrivateKinds | None,
-                   max_rows: int | None) -> list:
-    """The statements of a REQ's `filters` (see `Store.query`); empty ones and `limit: 0` select nothing."""
-    now = int(time.time())
-    cap = max_limit if max_rows is None else min(max_limit, max_rows)
-    return [compile_filter(f, min(cap, default_limit if f.limit is None else f.limit), now, private)
-            for f in filters if not f.is_empty() and f.limit != 0]

@@ -44,8 +44,7 @@ async def test_a_non_reading_subscriber_is_handed_one_transaction_of_live_events
     relay = Relay(make_config(tmp_path, store={"max_batch_bytes": 1_048_576}, negentropy={"enabled": False}))
     await relay.start()
     batches: list[int] = []
-    record = relay.store.on_batch
-    relay.store.on_batch = lambda events, seconds: (batches.append(events), record(events, seconds))
+    relay.store.add_listener(lambda changes: batches.append(len(changes.inserted)))  # one call per transaction
     stalled = await non_reader(relay.url)
     buffered: list[int] = []
     try:

@@ -1,12 +1,12 @@
 """Read connections map the database (`store.read_mmap_bytes`, SQLite's `mmap_size`): in the writer's process
-and in a worker's (`Store.open_reader`) alike; 0 reads with pread, as before."""
+and in a worker's (`ReadPool.open`) alike; 0 reads with pread, as before."""
 
 from __future__ import annotations
 
 import pytest
 
 from relay.node import open_store
-from relay.store.store import Store
+from relay.store.reads import ReadPool
 from tests.conftest import make_config
 
 
@@ -20,7 +20,7 @@ async def test_each_read_connection_maps_what_is_configured(tmp_path, configured
     config = make_config(tmp_path, store={"read_mmap_bytes": configured, "read_connections": 2})
     store = await open_store(config)
     try:
-        reader = await Store.open_reader(config.store.path, config.store.options())
+        reader = await ReadPool.open(config.store.path, config.store.options())
         try:
             for s in (store, reader):
                 sizes = [await s.read_snapshot(_mmap_size) for _ in range(4)]  # the pool hands each connection in turn

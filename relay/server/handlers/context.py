@@ -23,7 +23,7 @@ from relay.server.outbox import Outbox
 from relay.server.ratelimit import EVENTS, REFUSALS, ConnectionRate, RateLimits
 from relay.server.search import search_refusal
 from relay.server.subscriptions import Subscriptions
-from relay.store.store import Store
+from relay.store.reads import ReadPool
 from relay.wire.websocket import RateWindow
 
 class HandlerMetrics(Protocol):
@@ -50,7 +50,7 @@ class Services:
 
     limits: LimitsConfig
     event_limits: EventLimits
-    store: Store
+    store: ReadPool
     ingest: Ingest
     stored_results: ByteBudget
     rate_limits: RateLimits

@@ -123,7 +123,7 @@ class NegentropyIndex:
         self._numbers = numbers
 
     def attach(self, conn: sqlite3.Connection) -> None:
-        """Find the indexes `setup` made, without writing (a process that only reads: `Store.open_reader`)."""
+        """Find the indexes `setup` made, without writing (a process that only reads: `ReadPool.open`)."""
         # (a read connection returns TEXT as bytes: relay/store/db.py)
         stored = {bytes(spec).decode(): number for spec, number in
                   conn.execute("SELECT CAST(spec AS BLOB), filter_no FROM neg_filters")}
