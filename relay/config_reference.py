@@ -76,9 +76,11 @@ default and says more about each (`tests/test_config.py` holds it to the declara
   other projector's.
 
 Columns: **type** as the TOML file holds it (a `number` takes an integer too); **range**: a number's bounds, a
-string's choices; **scope**: what a limit or budget counts (below); **restart**: marked `(restart)` in
-`config/relay.toml`, read only at start-up. For now every key is: the relay reads its configuration once, when
-it starts.
+string's choices; **scope**: what a limit or budget counts (below); **restart**: `yes` (marked `(restart)` in
+`config/relay.toml`) for a key that sizes or names something built at start-up (a pool of threads or
+connections, a socket, a table, a peer), which only a restart can change; the others are read where they are
+used. Today the relay reads its configuration once, when it starts, so a change to any key takes a restart;
+the column says which keys a reload without restart could never take.
 
 ## Scopes
 
