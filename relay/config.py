@@ -381,6 +381,9 @@ def _parse_peers(name: str, value: Any) -> tuple[PeerConfig, ...]:
             filter_json = json.dumps(filter_obj, separators=(",", ":"), sort_keys=True, allow_nan=False)
         except RecursionError:
             raise ConfigError(f"{name}.filter: nested too deeply") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{name}.filter: not a JSON object ({exc.msg} at character {exc.pos + 1}); give a "
+                              "table, e.g. filter = {kinds = [1]}") from None
         except (ValueError, TypeError, Rejection) as exc:
             raise ConfigError(f"{name}.filter: {exc}") from None
         if parsed.limit is not None:
@@ -454,7 +457,8 @@ def _shard_filter_json(name: str, table: Any) -> str:
     """
     import json
 
-    from relay.protocol.event import is_addressable, is_replaceable
+    from relay.protocol.claims import FLEET_WIDE_KINDS
+    from relay.protocol.event import is_addressable, is_ephemeral, is_replaceable
     from relay.protocol.filters import parse_filter
     from relay.protocol.rejection import Rejection
 
@@ -473,6 +477,11 @@ def _shard_filter_json(name: str, table: Any) -> str:
     if parsed.tags and (parsed.kinds is None or any(is_replaceable(k) or is_addressable(k) for k in parsed.kinds)):
         raise ConfigError(f"{name}: tags are allowed only with kinds that are all regular (the versions of a "
                           "replaceable or addressable coordinate may differ in tags, and must stay in one shard)")
+    if parsed.kinds is not None and (ephemeral := sorted(k for k in parsed.kinds if is_ephemeral(k))):
+        raise ConfigError(f"{name}.kinds: {ephemeral} are ephemeral kinds, never stored: no node holds them")
+    if parsed.kinds is not None and parsed.kinds <= FLEET_WIDE_KINDS:
+        raise ConfigError(f"{name}.kinds: kinds {sorted(FLEET_WIDE_KINDS)} are fleet-wide: every node holds them "
+                          "whatever its shards")
     return text
 
 
@@ -480,7 +489,9 @@ def _parse_shards(value: Any) -> tuple[ShardConfig, ...]:
     """`[[shards]]` tables into ShardConfigs; raises ConfigError naming `shards[i].<key>`."""
     shards, ids = [], set()
     for name, table in _tables(value, "shards", _table_keys(ShardConfig)):
-        shard_id = table.get("id")
+        if "id" not in table:
+            raise ConfigError(f"{name}.id: missing (the shard's name in its coverage claims, e.g. \"notes\")")
+        shard_id = table["id"]
         if type(shard_id) is not str or not 0 < len(shard_id) <= SHARD_ID_CHARS or \
                 not set(shard_id) <= _SHARD_ID_ALPHABET:
             raise ConfigError(f"{name}.id: 1 to {SHARD_ID_CHARS} letters, digits, '.', '_' or '-', got {shard_id!r}")
@@ -501,7 +512,7 @@ class ShardingConfig:
     """[sharding]: how the nodes holding shards count each other's copies (counts, seconds); relay/sync/claims.py."""
 
     min_copies: int = key(2, "confirmed complete copies on other nodes (distinct node pubkeys) before retention or "
-                             "a handover may remove an event of a shard here", unit="nodes", min=1)
+                             "a handover may remove an event of a shard here", unit="nodes", min=1, max=64)
     fleet_pubkeys: tuple[str, ...] = key((), "node pubkeys whose coverage claims count; empty: the pubkeys of "
                                              "[[sync.peers]]", parse=_PUBKEYS, toml_type="array of 64-hex pubkeys")
     claim_interval_seconds: float = key(300.0, "time between republications of this node's coverage claims",
@@ -1020,6 +1031,11 @@ def _check_consistency(config: Config) -> None:
         raise ConfigError("limits.max_live_queue: must exceed store.max_batch")
     if config.store.max_batch_bytes < limits.max_message_bytes:
         raise ConfigError("store.max_batch_bytes: must be at least limits.max_message_bytes")
+    sharding = config.sharding
+    if 0 < sharding.claim_ttl_seconds < sharding.claim_interval_seconds:
+        # A claim would lapse before the next one: the node's shards would look unheld most of the time.
+        raise ConfigError("sharding.claim_ttl_seconds: must be 0 (3 x claim_interval_seconds) or at least "
+                          "sharding.claim_interval_seconds")
     if limits.max_live_queue_bytes < limits.max_message_bytes:
         raise ConfigError("limits.max_live_queue_bytes: must be at least limits.max_message_bytes")
     if limits.max_message_bytes < 1024:

@@ -71,7 +71,7 @@ default and says more about each (`tests/test_config.py` holds it to the declara
   `rate_limits.ip_stored_results_bytes` 0 or >= `limits.max_query_bytes`; `limits.max_message_bytes` >= 2 *
   `negentropy.frame_size_limit` + 512 while NIP-77 is enabled; `negentropy.max_session_items` >=
   `negentropy.max_sync_events`; `sync.backoff_initial_seconds` <= `sync.backoff_max_seconds`;
-  `server.public_url` set when `admin.pubkeys` is; `auth.write = "listed"` needs someone listed (or
+  `sharding.claim_ttl_seconds` 0 or >= `sharding.claim_interval_seconds`; `server.public_url` set when `admin.pubkeys` is; `auth.write = "listed"` needs someone listed (or
   `[admin] pubkeys`, or `[[sync.peers]]`); `store.row_change_tables` names `[[projectors]]` tables; a causal projector's name and tables are no
   other projector's.
 

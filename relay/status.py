@@ -20,7 +20,8 @@ from relay.store.checkpoint import file_bytes, wal_bytes
 from relay.store.db import connect_readonly
 from relay.store.projectors.engine import pending_reason
 from relay.store.projectors.tables import quote, read_meta, table_exists
-from relay.sync.claims import shard_states
+from relay.sync.claims import read_guard_state, shard_states
+from relay.sync.guard import FOREIGN
 from relay.sync.state import read_states
 
 
@@ -36,7 +37,8 @@ def gather_status(config: Config) -> dict:
     worker's pid and start time (relay/processes.py's file).  While background
     steps of the running relay keep failing, also `"failing"`: each as
     `{"step", "error", "attempts", "since", "retry_at"}` (relay/failing.py).  With `[[shards]]` (or projectors'
-    `shard_id`s), also `"shards"`: each as `relay.sync.claims.shard_states` gives it.
+    `shard_id`s), also `"shards"`: each as `relay.sync.claims.shard_states` gives it, and `"foreign_held_back"`:
+    events of no shard held here that the running relay's guard kept in its last round for want of copies.
 
     Raises:
         FileNotFoundError: there is no database at `store.path`.
@@ -82,6 +84,8 @@ def status_of(conn: sqlite3.Connection, config: Config) -> dict:
         status["failing"] = failing
     if shards := shard_states(conn, config):
         status["shards"] = shards
+        # events outside every held shard (published here, or handed over) the guard kept for want of copies
+        status["foreign_held_back"] = read_guard_state(runtime).get(FOREIGN, 0)
     return status
 
 

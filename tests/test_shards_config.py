@@ -39,6 +39,11 @@ def test_shards_load_with_their_filters_as_compact_json(tmp_path):
     ('id = "a"\nfilter = {kinds = ["1"]}', "shards[0].filter:"),
     ('id = "a"\nfilter = 5', "shards[0].filter: must be a table"),
     ('id = "a"', "shards[0].filter: missing"),
+    ('filter = {}', "shards[0].id: missing"),
+    ('id = "a"\nfilter = {kinds = [20001], "#t" = ["x"]}', "shards[0].filter.kinds: [20001] are ephemeral kinds"),
+    ('id = "a"\nfilter = {kinds = [1, 25000]}', "shards[0].filter.kinds: [25000] are ephemeral kinds"),
+    ('id = "a"\nfilter = {kinds = [5]}', "shards[0].filter.kinds: kinds [5, 62, 30803] are fleet-wide"),
+    ('id = "a"\nfilter = {kinds = [30803, 62]}', "shards[0].filter.kinds: kinds [5, 62, 30803] are fleet-wide"),
     ('id = "a b"\nfilter = {}', "shards[0].id: 1 to 64 letters"),
     ('id = ""\nfilter = {}', "shards[0].id: 1 to 64 letters"),
     ("id = 5\nfilter = {}", "shards[0].id: 1 to 64 letters"),
@@ -93,8 +98,25 @@ def test_sharding_defaults_follow_the_peers_and_the_interval(tmp_path):
     config = _load(tmp_path, f'[sharding]\nclaim_interval_seconds = 10\n[[sync.peers]]\nurl = "ws://127.0.0.1:9"\n'
                              f'pubkey = "{PEER}"\n[[sync.peers]]\nurl = "ws://127.0.0.1:8"\n')
     assert fleet_pubkeys(config) == {PEER} and config.sharding.ttl_seconds() == 30
-    listed = _load(tmp_path, f'[sharding]\nfleet_pubkeys = ["{"c" * 64}"]\nclaim_ttl_seconds = 7\n'
+    listed = _load(tmp_path, f'[sharding]\nfleet_pubkeys = ["{"c" * 64}"]\nclaim_interval_seconds = 5\nclaim_ttl_seconds = 7\n'
                              f'[[sync.peers]]\nurl = "ws://127.0.0.1:9"\npubkey = "{PEER}"\n')
     assert fleet_pubkeys(listed) == {"c" * 64} and listed.sharding.ttl_seconds() == 7
     with pytest.raises(ConfigError, match="sharding.fleet_pubkeys"):
         _load(tmp_path, '[sharding]\nfleet_pubkeys = ["not hex"]\n')
+
+
+@pytest.mark.parametrize("section, message", [
+    ("claim_interval_seconds = 300\nclaim_ttl_seconds = 1", "sharding.claim_ttl_seconds: must be 0"),
+    ("min_copies = 99999999999999999999999", "sharding.min_copies"),
+    ("min_copies = 65", "sharding.min_copies"),
+])
+def test_sharding_values_that_could_never_work_are_refused(tmp_path, section, message):
+    """A claim that lapses before the next one is published, or more copies than a fleet could confirm: refused at
+    load, not left to show as a shard nobody holds."""
+    with pytest.raises(ConfigError, match=message):
+        _load(tmp_path, f"[sharding]\n{section}\n")
+
+
+def test_a_peer_filter_that_is_not_json_says_so(tmp_path):
+    with pytest.raises(ConfigError, match="sync.peers\\[0\\].filter: not a JSON object .* at character 2"):
+        _load(tmp_path, '[[sync.peers]]\nurl = "ws://127.0.0.1:9"\nfilter = "{"\n')

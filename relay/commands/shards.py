@@ -30,7 +30,7 @@ def run_shards(config: Config, as_json: bool) -> int:
     with closing(conn):
         claims, instance = read_claims(conn), read_instance(conn)
     fleet = fleet_pubkeys(config)
-    rows = [{"shard": c.shard_id, **claim_dict(c, now), "counted": c.pubkey in fleet,
+    rows = [{**claim_dict(c, now), "counted": c.pubkey in fleet,
              "this_node": c.instance == instance} for c in sorted(claims, key=lambda c: (c.shard_id, c.pubkey))]
     if as_json:
         print(json.dumps({"claims": rows}))

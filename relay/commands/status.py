@@ -60,7 +60,8 @@ def _shards(shards: list[dict], now: float) -> list[str]:
         lines.append(f"  {s['id']} ({held}, filter {json.dumps(s['filter'])})")
         lines.append(f"    this node: {_claim(s['claim'], now) if s['claim'] else 'no claim yet'}")
         for h in s["holders"]:
-            lines.append(f"    {h['pubkey'][:16]}... {h['url']}: {_claim(h, now)}")
+            via = "" if h["shard"] == s["id"] else f" (its shard {h['shard']!r} covers this one)"
+            lines.append(f"    {h['pubkey'][:16]}... {h['url']}{via}: {_claim(h, now)}")
         under = ", UNDER-REPLICATED: retention and handover of this shard wait" if s["under_replicated"] else ""
         lines.append(f"    copies claimed by other nodes: {s['claimed_copies']}{under}; events held back by the "
                      f"guard: {s['held_back']}")
@@ -105,6 +106,9 @@ def render_status(status: dict, now: float | None = None, top_kinds: int = 15) -
         lines.append(f"FAILING: {f['step']}: {f['attempts']} attempts since {_when(f['since'], now)}, next "
                      f"{_when(f['retry_at'], now)}; last error: {f['error']}")
     lines.extend(_shards(status.get("shards", ()), now))
+    if status.get("foreign_held_back"):
+        lines.append(f"  events of no shard held here, held back by the guard: {status['foreign_held_back']} (they "
+                     f"leave once min_copies other nodes return them)")
     lines.append(f"projectors: {len(status['projectors'])}" + ("" if status["projectors"] else " (none configured)"))
     for p in status["projectors"]:
         lines.append(f"  {p['name']} (kind {p['kind']}, revision {p['revision']}): {p['state']}, {p['rows']} rows, "

@@ -14,6 +14,7 @@ they hold it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -55,6 +56,21 @@ class Claim:
     def covers(self, created_at: int) -> bool:
         """A complete claim whose range holds an event of `created_at`: the hint that this node has it."""
         return self.status == COMPLETE and self.since <= created_at <= self.until
+
+
+def filter_covers(outer_json: str, inner_json: str) -> bool:
+    """Whether every event the shard filter `inner_json` matches is matched by `outer_json` too (both filters of
+    kinds, authors and `#x` tags, as JSON objects; each field narrows, its values widen): each field of the
+    outer filter is in the inner one with no value the outer lacks.  `{}` covers every filter; an unparsable
+    filter covers nothing and is covered by nothing."""
+    try:
+        outer, inner = json.loads(outer_json), json.loads(inner_json)
+    except ValueError:
+        return False
+    if not (isinstance(outer, dict) and isinstance(inner, dict)):
+        return False
+    return all(isinstance(inner.get(field), list) and isinstance(values, list) and set(map(str, inner[field]))
+               <= set(map(str, values)) for field, values in outer.items())
 
 
 def claim_tags(shard_id: str, filter_json: str, url: str, instance: str, since: int, until: int, status: str,

@@ -30,7 +30,8 @@ from relay.ingest.pipeline import Ingest
 from relay.ingest.source import RECORD
 from relay.keys import NodeKey
 from relay.processes import is_running
-from relay.protocol.claims import BUILDING, CLAIM_KIND, COMPLETE, LEAVING, Claim, claim_tags, parse_claim
+from relay.protocol.claims import (BUILDING, CLAIM_KIND, COMPLETE, LEAVING, Claim, claim_tags, filter_covers,
+                                   parse_claim)
 from relay.runtime import replace_json, runtime_dir
 from relay.store import db
 from relay.store.retention import Protection
@@ -96,6 +97,21 @@ def holders(claims: list[Claim], shard: ShardConfig, fleet: frozenset[str], excl
         if claim.pubkey in fleet and claim.pubkey != exclude and claim.shard_id == shard.id and \
                 claim.filter == shard.filter and (building or claim.status != BUILDING) and claim.is_live(now):
             found.setdefault(claim.pubkey, claim)
+    return list(found.values())
+
+
+def copies(claims: list[Claim], shard: ShardConfig, fleet: frozenset[str], exclude: str, now: int) -> list[Claim]:
+    """What the guard may rely on for `shard`'s events, one claim per other fleet node (not `exclude`): its live
+    claims on the shard itself (`holders`, building ones too) and those of other shards whose filter covers
+    this one's (an archive's `{}` covers every shard), a complete one first."""
+    found = {c.pubkey: c for c in holders(claims, shard, fleet, exclude, now, building=True)}
+    for claim in claims:
+        if claim.pubkey not in fleet or claim.pubkey == exclude or claim.status == BUILDING \
+                or not claim.is_live(now) or not filter_covers(claim.filter, shard.filter):
+            continue
+        current = found.get(claim.pubkey)
+        if current is None or (current.status != COMPLETE and claim.status == COMPLETE):
+            found[claim.pubkey] = claim
     return list(found.values())
 
 
@@ -245,7 +261,8 @@ def shard_states(conn: sqlite3.Connection, config: Config, now: int | None = Non
                  held_back: dict[str, int] | None = None) -> list[dict]:
     """Each declared shard as `relay status` shows it (JSON-ready; times in unix seconds):
     `{"id", "filter": {...}, "hold", "claim": this node's claim or None, "holders": [other fleet
-    nodes' live claims on it], "claimed_copies": how many of them are complete, "under_replicated":
+    nodes' live claims on it or on a shard that covers it, `copies`], "claimed_copies": how many of them are
+    complete, "under_replicated":
     claimed_copies < [sharding] min_copies, "copied_key": the other instance when a claim of this node's key
     names another database, else None, "held_back": events the guard kept in its last round for want of
     confirmed copies}`; a claim as `claim_dict` gives it.  `held_back` by shard id: given, else the running
@@ -260,7 +277,7 @@ def shard_states(conn: sqlite3.Connection, config: Config, now: int | None = Non
         ours = next((c for c in claims if c.shard_id == shard.id and c.instance == instance), None)
         copied = next((c.instance for c in claims if c.shard_id == shard.id and c.pubkey in mine
                        and c.instance != instance), None)
-        others = holders(claims, shard, fleet, ours.pubkey if ours else "", now, building=True)
+        others = copies(claims, shard, fleet, ours.pubkey if ours else "", now)
         complete = sum(1 for c in others if c.status == COMPLETE)
         out.append({"id": shard.id, "filter": orjson.loads(shard.filter), "hold": shard.hold,
                     "claim": claim_dict(ours, now) if ours else None,
@@ -271,8 +288,8 @@ def shard_states(conn: sqlite3.Connection, config: Config, now: int | None = Non
 
 
 def claim_dict(claim: Claim, now: int) -> dict:
-    """A claim as JSON: `{"pubkey", "url", "instance", "status", "since", "until", "age_seconds",
+    """A claim as JSON: `{"pubkey", "shard", "url", "instance", "status", "since", "until", "age_seconds",
     "expires_in_seconds", "id"}`."""
-    return {"pubkey": claim.pubkey, "url": claim.url, "instance": claim.instance, "status": claim.status,
+    return {"pubkey": claim.pubkey, "shard": claim.shard_id, "url": claim.url, "instance": claim.instance, "status": claim.status,
             "since": claim.since, "until": claim.until, "age_seconds": now - claim.created_at,
             "expires_in_seconds": claim.expiration - now, "id": claim.event_id}

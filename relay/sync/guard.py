@@ -52,6 +52,7 @@ log = structlog.get_logger(__name__)
 CUT_PREFIX = "shard_cut:"
 _ANY_SIZE = EventLimits(max_tags=1 << 30, max_content_bytes=1 << 40, max_created_at_future_seconds=1 << 40)
 _DAY_SECONDS = 86_400
+AUTH_WAIT_SECONDS = 5.0  # for a confirming node to accept our AUTH before a REQ for events of private kinds
 
 
 @dataclass(frozen=True)
@@ -281,9 +282,10 @@ class Guard:
             for claim in {c.pubkey: c for c in holders}.values():
                 asked[(claim.pubkey, claim.url)].append(row.id.hex())
         confirmed: dict[str, set[str]] = defaultdict(set)  # id -> pubkeys that returned it
+        private = {row.id.hex() for row, _ in candidates if row.kind in self.config.auth.private_kinds}
         for (pubkey, url), ids in asked.items():
             report.confirmations += 1
-            for event_id in await self._held_by(url, ids):
+            for event_id in await self._held_by(url, ids, not private.isdisjoint(ids)):
                 confirmed[event_id].add(pubkey)
         minimum = self.config.sharding.min_copies
         removable = [row for row, _ in candidates if len(confirmed[row.id.hex()]) >= minimum]
@@ -297,9 +299,11 @@ class Guard:
         log.info("shard_events_removed", shard=shard.id if shard else None, why=_why(shard), removed=removed,
                  claims=relied, confirmed_by={r.id.hex(): sorted(confirmed[r.id.hex()]) for r in removable})
 
-    async def _held_by(self, url: str, ids: list[str]) -> set[str]:
+    async def _held_by(self, url: str, ids: list[str], private: bool) -> set[str]:
         """The ids among `ids` the node at `url` returns to a REQ by ids, each checked (id and signature); an
-        unreachable node confirms none."""
+        unreachable node confirms none.  With `private` (some are of `[auth] private_kinds`, which a relay
+        leaves out of an unauthenticated answer), the REQ waits for our AUTH to be accepted first, up to
+        AUTH_WAIT_SECONDS; without it those are not confirmed (kept here)."""
         s = self.config.sync
         try:
             conn = await PeerConnection.open(url, self.key, s.connect_timeout_seconds, s.timeout_seconds,
@@ -308,6 +312,9 @@ class Guard:
             log.warning("shard_confirmation_failed", url=url, error=str(exc))
             return set()
         try:
+            if private and not await conn.authenticated(AUTH_WAIT_SECONDS):
+                log.warning("shard_confirmation_unauthenticated", url=url,
+                            hint="events of private kinds are confirmed only by a node that accepts our NIP-42 AUTH")
             found = set()
             for start in range(0, len(ids), s.fetch_batch):
                 for obj in await conn.fetch(ids[start:start + s.fetch_batch]):

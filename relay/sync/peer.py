@@ -334,6 +334,22 @@ class PeerConnection:
         except PeerError:
             pass  # the failure is already recorded in self._failed
 
+    async def authenticated(self, seconds: float) -> bool:
+        """Whether the peer accepted our AUTH (NIP-42) within `seconds`: a relay that challenges at connection
+        has our answer's OK in a round trip; one that never challenges (or with no node key, or our AUTH
+        refused) gives False, after `seconds` at most.  For a request whose answer depends on who asks (a REQ
+        for events of private kinds, which a relay filters out of an unauthenticated answer without a word)."""
+        deadline = self._loop.time() + seconds
+        while not self._authed and self.key is not None and self._auth_refusal is None:
+            left = deadline - self._loop.time()
+            if left <= 0 or self._failed.done():
+                return False
+            try:
+                await asyncio.wait_for(self._auth_changed.wait(), left)
+            except TimeoutError:
+                return False
+        return self._authed
+
     async def _await_auth(self, refusal: str, what: str) -> None:
         """After `refusal` ("auth-required: ..."): wait until the peer accepts our AUTH.
 

@@ -9,8 +9,9 @@ import json
 import pytest
 
 from relay.keys import NodeKey
-from relay.protocol.claims import CLAIM_KIND, Claim, claim_tags, parse_claim
-from relay.sync.claims import plan, publish_claims
+from relay.config import fleet_pubkeys
+from relay.protocol.claims import CLAIM_KIND, Claim, claim_tags, filter_covers, parse_claim
+from relay.sync.claims import copies, plan, publish_claims
 from tests.conftest import make_config
 from tests.helpers import Client, Keys, eventually
 from tests.inprocess import running
@@ -98,6 +99,42 @@ def test_a_node_joining_a_held_shard_builds_until_it_has_reconciled_with_every_h
     new_filter = plan(config, [theirs, _other_claim("notes", '{"kinds":[2]}', "complete", now)], me.pubkey,
                       "m" * 32, {}, now).claims[0]
     assert new_filter.status == "building"  # the other claim of another filter is another shard
+
+
+@pytest.mark.parametrize(("outer", "inner", "covers"), [
+    ("{}", '{"kinds":[1]}', True),
+    ('{"kinds":[1,7]}', '{"kinds":[1]}', True),
+    ('{"kinds":[1]}', '{"kinds":[1],"#t":["x"]}', True),
+    ('{"kinds":[1],"#t":["x"]}', '{"kinds":[1]}', False),  # the outer one leaves out notes without the tag
+    ('{"kinds":[1]}', '{"kinds":[1,7]}', False),
+    ('{"authors":["aa"]}', '{"kinds":[1]}', False),
+    ('{"kinds":[1]}', "{}", False),
+    ("not json", "{}", False),
+])
+def test_a_filter_covers_another_when_it_matches_every_event_the_other_does(outer, inner, covers):
+    """`filter_covers`: each field of the outer filter is in the inner one, with no value the outer lacks."""
+    assert filter_covers(outer, inner) is covers
+
+
+def test_an_archive_claim_counts_as_a_copy_of_every_shard_it_covers(tmp_path):
+    """The copies of "notes" (kinds 1) are the other fleet nodes' claims on it and those of shards covering it
+    (an archive's `{}`, kinds 1 and 7), complete first; a narrower filter, a building claim of another shard
+    and a stranger's key count for nothing: the count the guard's removals rely on."""
+    now = 1_800_000_000
+    fleet_keys = [Keys(0xB0B), Keys(0xC0C), Keys(0xD0D), Keys(0xE0E)]
+    toml = SHARDS + "".join(f'[[sync.peers]]\nurl = "ws://127.0.0.1:{9 + i}"\npubkey = "{k.pubkey}"\n'
+                            for i, k in enumerate(fleet_keys))
+    config = make_config(tmp_path, toml)
+    notes = next(s for s in config.shards if s.id == "notes")
+    claims = [_other_claim("all", "{}", "complete", now, key=fleet_keys[0]),
+              _other_claim("notes", '{"kinds":[1]}', "building", now, key=fleet_keys[1]),
+              _other_claim("social", '{"kinds":[1,7]}', "complete", now, key=fleet_keys[1]),
+              _other_claim("tagged", '{"kinds":[1],"#t":["x"]}', "complete", now, key=fleet_keys[2]),
+              _other_claim("later", "{}", "building", now, key=fleet_keys[3]),
+              _other_claim("all", "{}", "complete", now, key=Keys(0x5))]
+    found = copies(claims, notes, fleet_pubkeys(config), "", now)
+    assert sorted((c.pubkey, c.shard_id, c.status) for c in found) == sorted(
+        [(fleet_keys[0].pubkey, "all", "complete"), (fleet_keys[1].pubkey, "social", "complete")])
 
 
 def test_a_claim_of_this_key_from_another_database_is_never_overwritten(tmp_path):

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from tests.helpers import Keys, eventually
-from tests.sync.mesh import Mesh, full_mesh, projected_tables, table_dumps
-from tests.sync.mesh_workload import BASE, MESH_SETTINGS, model_failures, run
+from tests.sync.mesh import Mesh
+from tests.sync.mesh_workload import BASE, model_failures, run
 
 CONVERGE_TIMEOUT = 30.0  # seconds for the nodes of a seeded run to serve the same events
 SYNC_TIMEOUT = 15.0  # seconds for two nodes to settle three events

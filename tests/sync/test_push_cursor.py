@@ -16,7 +16,7 @@ from collections import Counter
 import structlog
 
 from relay.config import load_config
-from tests.helpers import Client, eventually
+from tests.helpers import eventually
 from tests.inprocess import Relay
 from tests.served import Served, free_port
 from tests.sync.conftest import local_config, notes, publish, seed
