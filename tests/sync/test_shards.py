@@ -73,12 +73,9 @@ async def test_a_direct_message_leaves_a_node_outside_its_shard_once_the_archive
     """A kind-4 message (a private kind: a relay leaves it out of an unauthenticated answer) published to the
     kind-1 node reaches the archive and then leaves the kind-1 node: its confirmation waits for the archive to
     accept the node's AUTH before asking (else the archive answers nothing, and the message stayed forever)."""
-    nodes = fleet(tmp_path, {"archive": ARCHIVE, "notes": NOTES}, copies=1)
+    nodes = await _archive_and(tmp_path, "notes", NOTES, "notes")
     archive, notes = nodes["archive"], nodes["notes"]
     try:
-        for node in nodes.values():
-            await start(tmp_path, nodes, node)
-        await _sharded(nodes, {(archive.key.pubkey, "all"): "complete", (notes.key.pubkey, "notes"): "complete"})
         message = ALICE.sign(kind=4, content="?iv=x", created_at=int(time.time()) - 60,
                              tags=[["p", Keys(0xB0B).pubkey]])
         await _publish(notes.url, message)
@@ -91,6 +88,21 @@ async def test_a_direct_message_leaves_a_node_outside_its_shard_once_the_archive
 async def _stored(node, event_id: str) -> set[str]:
     """`event_id` if `node`'s store holds it (read from its store: a REQ would not show a private kind)."""
     return {bytes(i).hex() for _, i in await node.relay.store.items(parse_filter({"ids": [event_id]}))}
+
+
+async def _archive_and(tmp_path, name: str, toml: str, shard_id: str) -> dict:
+    """An archive node and node `name` (its `[[shards]]` in `toml`, claiming `shard_id`), min_copies 1, both
+    started, each claiming complete and syncing with the other by shard; stopped again if that fails."""
+    nodes = fleet(tmp_path, {"archive": ARCHIVE, name: toml}, copies=1)
+    try:
+        for node in nodes.values():
+            await start(tmp_path, nodes, node)
+        await _sharded(nodes, {(nodes["archive"].key.pubkey, "all"): "complete",
+                               (nodes[name].key.pubkey, shard_id): "complete"})
+    except BaseException:
+        await _stop(nodes)
+        raise
+    return nodes
 
 
 async def _sharded(nodes, claims: dict) -> None:
@@ -117,12 +129,9 @@ async def test_retention_removes_an_old_event_only_once_another_node_confirms_it
     the recent node once its raised `since` has had its wait and the archive returned the event; while the
     archive is down, an old event published to the recent node stays (no confirmed copy), and goes once the
     archive is back and holds it."""
-    nodes = fleet(tmp_path, {"archive": ARCHIVE, "recent": RECENT}, copies=1)
+    nodes = await _archive_and(tmp_path, "recent", RECENT, "recent")
     archive, recent = nodes["archive"], nodes["recent"]
     try:
-        for node in nodes.values():
-            await start(tmp_path, nodes, node)
-        await _sharded(nodes, {(archive.key.pubkey, "all"): "complete", (recent.key.pubkey, "recent"): "complete"})
         first = ALICE.sign(kind=1, content="old", created_at=int(time.time()) - 100)
         await _publish(recent.url, first)
         assert await eventually(lambda: _equal(ids(archive.url, {"ids": [first["id"]]}), {first["id"]}), timeout=20)
