@@ -167,7 +167,9 @@ async def publish_claims(config: Config, store: Store, ingest: Ingest, key: Node
     instance = await store.run_job(ensure_instance)
     claims = await store.read_snapshot(read_claims)
     # an addressable event replaces only an older one: a second publication within a second comes just after
-    now = max([int(time.time()) if now is None else now] + [c.created_at + 1 for c in claims if c.pubkey == key.pubkey])
+    # (this database's own claims: one of a copied key, left unclaimed, must not drag ours along)
+    now = max([int(time.time()) if now is None else now] +
+              [c.created_at + 1 for c in claims if c.pubkey == key.pubkey and c.instance == instance])
     reconciled = {s.url: s.last_success for s in await store.read_snapshot(read_states)}
     found = plan(config, claims, key.pubkey, instance, reconciled, now, await store.read_snapshot(read_cuts))
     for shard_id, other in found.copied.items():
@@ -194,7 +196,8 @@ class ShardKeeper:
         self.config, self.store, self.ingest, self.url = config, store, ingest, url
         self._key, self._protection = key, protection
         self.guard: Guard | None = None
-        self._stats: dict[str, dict[str, float]] = {}
+        self._copies: dict[str, int] = {}  # shard id -> other nodes' complete claims, at the last publication
+        self._claimed_at: dict[str, int | None] = {}  # shard id -> unix time of this node's claim
         self._held_back: dict[str, int] = {}
         self._publishing = asyncio.Lock()  # one publication at a time: each reads the claims the last one wrote
 
@@ -219,9 +222,10 @@ class ShardKeeper:
         guard = self._guard()
         async with self._publishing:
             await publish_claims(self.config, self.store, self.ingest, guard.key, self.url)
-        states = await self.store.read_snapshot(shard_states, self.config, None, self._held_back)
-        self._stats = {s["id"]: {"copies": s["claimed_copies"], "held_back": s["held_back"],
-                                 "claim_age": s["claim"]["age_seconds"] if s["claim"] else -1} for s in states}
+        now = int(time.time())
+        states = await self.store.read_snapshot(shard_states, self.config, now, self._held_back)
+        self._copies = {s["id"]: s["claimed_copies"] for s in states}
+        self._claimed_at = {s["id"]: now - s["claim"]["age_seconds"] if s["claim"] else None for s in states}
 
     async def round(self) -> GuardReport:
         """One guard round, then the cuts due (their claims published at once); returns the guard's report."""
@@ -241,9 +245,13 @@ class ShardKeeper:
         return report
 
     def stats(self) -> dict[str, dict[str, float]]:
-        """Shard id -> {"copies": complete claims of other fleet nodes, "held_back": events the guard kept for
-        want of confirmed copies in the last round, "claim_age": seconds since this node's claim (-1: none)}."""
-        return self._stats
+        """Shard id -> {"copies": complete claims of other fleet nodes (as of this node's last publication),
+        "held_back": events the guard kept for want of confirmed copies in its last round, "claim_age": seconds
+        since this node's last claim, now (-1: none)}."""
+        now = time.time()
+        return {shard: {"copies": copies, "held_back": self._held_back.get(shard, 0),
+                        "claim_age": -1 if self._claimed_at[shard] is None else now - self._claimed_at[shard]}
+                for shard, copies in self._copies.items()}
 
 
 def read_guard_state(runtime: Path) -> dict[str, int]:

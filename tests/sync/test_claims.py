@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 
@@ -191,6 +192,36 @@ async def test_status_and_shards_show_the_fleet_claims_and_a_copied_key(tmp_path
         _, _, page = await asyncio.to_thread(http_get, relay.port, "/", {"Accept": "text/html"})
         assert "<td>notes</td><td>complete</td>" in page.decode()
         assert "UNDER-REPLICATED: removals wait" in page.decode()
+
+
+_CLAIM_AGE = r'relay_shard_claim_age_seconds\{shard="notes"\} (-?[0-9.]+)'
+
+
+async def test_the_claim_age_metric_is_read_at_each_scrape(tmp_path):
+    """`relay_shard_claim_age_seconds` grows between two scrapes while no claim is published (every 60 s here):
+    a stalled publication shows."""
+    config = make_config(tmp_path, '[sharding]\nclaim_interval_seconds = 60\n[[shards]]\nid = "notes"\n'
+                                   'filter = {kinds = [1]}\n')
+    async with running(config) as relay:
+        async def scraped() -> str:
+            return (await asyncio.to_thread(http_get, relay.port, "/metrics"))[2].decode()
+
+        assert await eventually(lambda: _has_claim(scraped()))
+        first = _claim_age(await scraped())
+        await asyncio.sleep(1.5)
+        assert _claim_age(await scraped()) - first >= 1.4
+
+
+async def _has_claim(page) -> bool:
+    age = re.search(_CLAIM_AGE, await page)
+    return age is not None and float(age.group(1)) >= 0
+
+
+def _claim_age(metrics: str) -> float:
+    """`relay_shard_claim_age_seconds` of shard "notes" in a /metrics page."""
+    age = re.search(_CLAIM_AGE, metrics)
+    assert age is not None, metrics
+    return float(age.group(1))
 
 
 def test_a_shard_no_longer_declared_is_withdrawn_by_one_leaving_claim(tmp_path):
