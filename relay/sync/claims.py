@@ -202,7 +202,12 @@ class ShardKeeper:
         self._publishing = asyncio.Lock()  # one publication at a time: each reads the claims the last one wrote
 
     async def run(self) -> None:
-        """Both tasks until cancelled."""
+        """Both tasks until cancelled; first, a warning for each peer whose claims cannot count (no pubkey)."""
+        for peer in self.config.sync.peers:
+            if not peer.pubkey:
+                log.warning("shard_peer_without_pubkey", peer=peer.url,
+                            hint="synced as a full replica and never counted as a copy; give its node pubkey in "
+                                 "[[sync.peers]] (docs/peers.md, \"Shards\")")
         await asyncio.gather(self._every(self.publish, "claims_failed"), self._every(self.round, "guard_failed"))
 
     async def _every(self, step: Callable[[], Awaitable[object]], failure: str) -> None:

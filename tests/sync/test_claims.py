@@ -8,6 +8,7 @@ import json
 import re
 
 import pytest
+from structlog.testing import capture_logs
 
 from relay.keys import NodeKey
 from relay.config import fleet_pubkeys
@@ -192,6 +193,22 @@ async def test_status_and_shards_show_the_fleet_claims_and_a_copied_key(tmp_path
         _, _, page = await asyncio.to_thread(http_get, relay.port, "/", {"Accept": "text/html"})
         assert "<td>notes</td><td>complete</td>" in page.decode()
         assert "UNDER-REPLICATED: removals wait" in page.decode()
+
+
+@pytest.mark.single_process  # reads the log of the relay in the test's process
+async def test_a_peer_listed_without_pubkey_beside_shards_is_warned_of(tmp_path):
+    """A `[[sync.peers]]` entry without `pubkey` on a node with `[[shards]]`: its claims can never count, said
+    once at start, naming the peer; a peer with its pubkey is not named."""
+    toml = SHARDS + f'[[sync.peers]]\nurl = "ws://127.0.0.1:9"\n[[sync.peers]]\nurl = "ws://127.0.0.1:8"\n' \
+                    f'pubkey = "{OTHER.pubkey}"\n'
+    with capture_logs() as logs:
+        async with running(make_config(tmp_path, toml)):
+            assert await eventually(lambda: _logged(logs, "shard_peer_without_pubkey"))
+    assert [e["peer"] for e in logs if e["event"] == "shard_peer_without_pubkey"] == ["ws://127.0.0.1:9"]
+
+
+async def _logged(logs: list[dict], event: str) -> bool:
+    return any(e["event"] == event for e in logs)
 
 
 _CLAIM_AGE = r'relay_shard_claim_age_seconds\{shard="notes"\} (-?[0-9.]+)'
