@@ -46,15 +46,15 @@ def fleet(tmp_path: Path, tomls: dict[str, str], copies: int) -> dict[str, Node]
     return nodes
 
 
-async def start(tmp_path: Path, nodes: dict[str, Node], node: Node) -> Relay:
-    """Start `node` with every other node of `nodes` as its peer (synced every second)."""
+async def start(tmp_path: Path, nodes: dict[str, Node], node: Node, interval: float = 1.0) -> Relay:
+    """Start `node` with every other node of `nodes` as its peer (reconciled every `interval` seconds)."""
     home = tmp_path / node.name
     home.mkdir(exist_ok=True)
     (home / "node.key").write_text(node.secret + "\n")
     (home / "node.key").chmod(0o600)
     peers = [{"url": other.url, "pubkey": other.key.pubkey} for other in nodes.values() if other is not node]
     config = make_config(home, node.toml, server={"port": node.port},
-                         sync={"peers": peers, "interval_seconds": 1.0, "secret_key_file": str(home / "node.key"),
+                         sync={"peers": peers, "interval_seconds": interval, "secret_key_file": str(home / "node.key"),
                                "backoff_initial_seconds": 0.2, "backoff_max_seconds": 1.0})
     node.relay = Relay(config)
     await node.relay.start()
