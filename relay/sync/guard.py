@@ -36,7 +36,7 @@ import structlog
 from relay.config import Config, ShardConfig, fleet_pubkeys, shards_of
 from relay.keys import NodeKey
 from relay.protocol.claims import COMPLETE, FLEET_WIDE_KINDS, Claim
-from relay.protocol.event import Event, EventLimits, parse_event, verify_signature
+from relay.protocol.event import Event, EventLimits, is_addressable, is_replaceable, parse_event, verify_signature
 from relay.protocol.filters import Filter, parse_filter
 from relay.protocol.rejection import Rejection
 from relay.store import db
@@ -277,15 +277,14 @@ class Guard:
     async def _confirm_and_remove(self, shard: ShardConfig | None, candidates: list[tuple[Row, list[Claim]]],
                                   now: int, report: GuardReport) -> None:
         """Ask each hinted node for the ids it should hold; remove those at least `min_copies` nodes returned."""
-        asked: dict[tuple[str, str], list[str]] = defaultdict(list)  # (pubkey, url) -> ids
+        asked: dict[tuple[str, str], list[Row]] = defaultdict(list)  # (pubkey, url) -> rows
         for row, holders in candidates:
             for claim in {c.pubkey: c for c in holders}.values():
-                asked[(claim.pubkey, claim.url)].append(row.id.hex())
+                asked[(claim.pubkey, claim.url)].append(row)
         confirmed: dict[str, set[str]] = defaultdict(set)  # id -> pubkeys that returned it
-        private = {row.id.hex() for row, _ in candidates if row.kind in self.config.auth.private_kinds}
-        for (pubkey, url), ids in asked.items():
+        for (pubkey, url), rows in asked.items():
             report.confirmations += 1
-            for event_id in await self._held_by(url, ids, not private.isdisjoint(ids)):
+            for event_id in await self._held_by(url, rows):
                 confirmed[event_id].add(pubkey)
         minimum = self.config.sharding.min_copies
         removable = [row for row, _ in candidates if len(confirmed[row.id.hex()]) >= minimum]
@@ -299,11 +298,12 @@ class Guard:
         log.info("shard_events_removed", shard=shard.id if shard else None, why=_why(shard), removed=removed,
                  claims=relied, confirmed_by={r.id.hex(): sorted(confirmed[r.id.hex()]) for r in removable})
 
-    async def _held_by(self, url: str, ids: list[str], private: bool) -> set[str]:
-        """The ids among `ids` the node at `url` returns to a REQ by ids, each checked (id and signature); an
-        unreachable node confirms none.  With `private` (some are of `[auth] private_kinds`, which a relay
-        leaves out of an unauthenticated answer), the REQ waits for our AUTH to be accepted first, up to
-        AUTH_WAIT_SECONDS; without it those are not confirmed (kept here)."""
+    async def _held_by(self, url: str, rows: list[Row]) -> set[str]:
+        """The ids of `rows` the node at `url` holds: returned to a REQ by ids, or (a replaceable or addressable
+        event) superseded there by a newer version of its coordinate; each event checked (id and signature).  An
+        unreachable node confirms none.  When some are of `[auth] private_kinds` (which a relay leaves out of an
+        unauthenticated answer), the REQ waits for our AUTH to be accepted first, up to AUTH_WAIT_SECONDS;
+        without it those are not confirmed (kept here)."""
         s = self.config.sync
         try:
             conn = await PeerConnection.open(url, self.key, s.connect_timeout_seconds, s.timeout_seconds,
@@ -311,25 +311,73 @@ class Guard:
         except PeerError as exc:
             log.warning("shard_confirmation_failed", url=url, error=str(exc))
             return set()
+        ids = [row.id.hex() for row in rows]
         try:
-            if private and not await conn.authenticated(AUTH_WAIT_SECONDS):
+            if any(row.kind in self.config.auth.private_kinds for row in rows) and \
+                    not await conn.authenticated(AUTH_WAIT_SECONDS):
                 log.warning("shard_confirmation_unauthenticated", url=url,
                             hint="events of private kinds are confirmed only by a node that accepts our NIP-42 AUTH")
             found = set()
             for start in range(0, len(ids), s.fetch_batch):
-                for obj in await conn.fetch(ids[start:start + s.fetch_batch]):
-                    try:
-                        event = parse_event(obj, _ANY_SIZE, time.time())
-                    except Rejection:
-                        continue
-                    if verify_signature(event):  # a copy is a copy only if it is the event
-                        found.add(event.id)
-            return found & set(ids)
+                found |= {e.id for e in _checked(await conn.fetch(ids[start:start + s.fetch_batch]))}
+            versioned = [r for r in rows
+                         if r.id.hex() not in found and (is_replaceable(r.kind) or is_addressable(r.kind))]
+            return (found & set(ids)) | await _superseded(conn, versioned)
         except PeerError as exc:
             log.warning("shard_confirmation_failed", url=url, error=str(exc))
             return set()
         finally:
             await conn.close()
+
+
+def _checked(objs: list[object]) -> list[Event]:
+    """The events among `objs` (a peer's answer) that parse and whose id and signature are right: a copy is a
+    copy only if it is the event."""
+    events = []
+    for obj in objs:
+        try:
+            event = parse_event(obj, _ANY_SIZE, time.time())
+        except Rejection:
+            continue
+        if verify_signature(event):
+            events.append(event)
+    return events
+
+
+async def _superseded(conn: PeerConnection, rows: list[Row]) -> set[str]:
+    """The ids of `rows` (replaceable or addressable events) whose coordinate the peer holds a newer version of
+    (NIP-01: a later created_at, or the same with a lower id): the fleet keeps that one, and would refuse this
+    one as a duplicate.  One REQ per kind, by the rows' authors (and `d` tags)."""
+    by_kind: dict[int, list[Row]] = defaultdict(list)
+    for row in rows:
+        by_kind[row.kind].append(row)
+    superseded = set()
+    for kind, group in by_kind.items():
+        filter_obj: dict = {"kinds": [kind], "authors": sorted({r.pubkey.hex() for r in group})}
+        if is_addressable(kind):
+            filter_obj["#d"] = sorted({_d_tag(r) for r in group})
+        newest = {}
+        for event in _checked(await conn.query(filter_obj, f"REQ of the newest versions of {len(group)} events")):
+            coordinate = (event.pubkey, event.d_tag if is_addressable(kind) else None)
+            if coordinate not in newest or (event.created_at, _neg(event.id)) > (newest[coordinate].created_at,
+                                                                                   _neg(newest[coordinate].id)):
+                newest[coordinate] = event
+        for row in group:
+            event = newest.get((row.pubkey.hex(), _d_tag(row) if is_addressable(kind) else None))
+            if event is not None and (event.created_at, _neg(event.id)) > (row.created_at, _neg(row.id.hex())):
+                superseded.add(row.id.hex())
+    return superseded
+
+
+def _d_tag(row: Row) -> str:
+    """The `d` tag of an addressable event's row ("" when it has none; a read connection gives TEXT as bytes)."""
+    d_tag = row.d_tag or ""
+    return d_tag.decode() if isinstance(d_tag, bytes) else d_tag
+
+
+def _neg(event_id: str) -> tuple[int, ...]:
+    """An order key in which a lower id is later: NIP-01 keeps, of two versions with one created_at, the lower id."""
+    return tuple(-b for b in bytes.fromhex(event_id))
 
 
 def _kinds(filter_json: str) -> list[int | None]:

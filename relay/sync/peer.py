@@ -444,7 +444,14 @@ class PeerConnection:
             PeerError: CLOSED (other than a satisfied auth-required, or a rate-limited: that passed
                 within `RATE_LIMIT_PAUSES`), timeout, lost connection, NOTICE.
         """
-        filter_obj = {"ids": ids, "limit": len(ids)}
+        return await self.query({"ids": ids, "limit": len(ids)}, f"REQ of {len(ids)} ids")
+
+    async def query(self, filter_obj: dict, what: str = "REQ") -> list[object]:
+        """One REQ of `filter_obj`; what came before EOSE, unvalidated.  `what` names it in errors.
+
+        Raises:
+            PeerError: as `fetch`.
+        """
         authenticated, pauses = False, _RateLimitPauses()
         while True:
             sub_id = f"fetch-{next(self._ids)}"
@@ -454,14 +461,14 @@ class PeerConnection:
                 await self._send(encode_req(sub_id, filter_obj))
                 sub.last = self._loop.time()
                 try:
-                    return await self._wait(sub.done, f"REQ of {len(ids)} ids", lambda: sub.last)
+                    return await self._wait(sub.done, what, lambda: sub.last)
                 except _Closed as closed:
                     reason = closed.message
                     if reason.startswith(AUTH_REQUIRED) and not authenticated:
                         authenticated = True
                         await self._await_auth(reason, "REQ")
                     elif not (reason.startswith(RATE_LIMITED) and await pauses.wait()):
-                        raise PeerError(f"{self.url} refused REQ by ids: CLOSED {reason!r}") from None
+                        raise PeerError(f"{self.url} refused {what}: CLOSED {reason!r}") from None
             finally:
                 self._subs.pop(sub_id, None)
                 if not self._failed.done():

@@ -18,10 +18,9 @@ on one database never sync one peer at once, then connects and:
    (relay/store/feed.py), except those whose origin is that peer, so nothing
    is echoed back.
 
-With a peer of the fleet whose claims are known (it syncs by shard: its `scope`), each event crosses once:
-no live REQ is opened (the peer pushes what it commits, as this node does), and an event whose origin is
-another such peer is not pushed on (that peer pushes it itself); the reconciliations find whatever a push
-missed.
+With a peer of the fleet whose claims are known (it syncs by shard: its `scope`), no live REQ is opened: the
+peer pushes what it commits, as this node does.  An event that came from another peer is pushed on all the
+same: the node that took it may remove it (outside its shards) before its own push reached every holder.
 
 The push cursor (`sync_peers.push_cursor`) is the feed position up to which
 every event was pushed and answered; it is stored after each batch is
@@ -139,11 +138,6 @@ class Scheduler:
                 peer.committed.set()
                 if claims:
                     peer.claims_committed.set()
-
-    def fleet_urls(self) -> set[str]:
-        """The URLs of the peers syncing by shard now (fleet nodes whose claims are known: they push what they
-        commit to the other fleet nodes)."""
-        return {peer.url for peer in self.peers if peer.scope is not None}
 
     def stats(self) -> dict[str, int]:
         """Failed attempts since start, by peer URL (in `[[sync.peers]]` order)."""
@@ -423,9 +417,7 @@ class PeerSync:
         """
         unsaved = False  # the cursor moved past changes with nothing to push: saved once, at the end
         while changes := await self.scheduler.store.changes(cursor, self.config.push_in_flight):
-            # (to a fleet node, not what another fleet node pushed here: it pushes to this peer itself)
-            skipped = {self.url} | (self.scheduler.fleet_urls() if self.scope is not None else set())
-            events = [(c.id, c.raw) for c in changes if c.raw is not None and c.origin not in skipped
+            events = [(c.id, c.raw) for c in changes if c.raw is not None and c.origin != self.url
                       and self._matches(stored_event(c.raw), "up")]
             cursor = changes[-1].cursor
             unsaved = not events
