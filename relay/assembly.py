@@ -40,7 +40,7 @@ from relay.channel.follower import FeedFollower
 from relay.channel.frames import socket_path
 from relay.channel.worker import WriterChannel
 from relay.channel.writer import ChannelServer
-from relay.config import Config, ConfigError, shards_of
+from relay.config import Config, shards_of
 from relay.hooks import hooks
 from relay.ingest import Ingest
 from relay.ingest.moderation import Moderation
@@ -108,6 +108,17 @@ async def open_store(config: Config, read_connections: int | None = None, backgr
                             on_batch)
 
 
+async def open_read_pool(config: Config, read_connections: int | None = None) -> ReadPool:
+    """The database of `config` for reading only (a worker, a command writing through the running relay), its
+    hooks' indexes found (NIP-77, NIP-50); `read_connections` overrides `[store] read_connections`.
+
+    Raises:
+        DatabaseUnusable: the database cannot be opened.
+    """
+    options = config.store.options(read_connections, config.server.public_url)
+    return await ReadPool.open(config.store.path, options, hooks(config))
+
+
 class Node:
     """One relay process of `role`: `await start()`, then `await stop()`; the parts are attributes once started.
 
@@ -118,14 +129,16 @@ class Node:
     (with `[[shards]]`: claims and the guard, relay/sync/claims.py), `metrics` (served at /metrics; the writer of
     workers and each worker are given their multiprocess one), `channel` (the local channel's writer side: the
     writer of workers, or one process with `channel`), `forward` (a worker's channel to the writer process).
-    `seat`: a worker's place.
+    `seat`: a worker's place.  `port()`: the writer of workers' port, which its workers share (reserved before
+    it starts; the URL its shard claims name).
     """
 
     def __init__(self, config: Config, role: Role = Role.ONE, metrics: Metrics | None = None,
-                 seat: Seat | None = None, channel: bool = False) -> None:
+                 seat: Seat | None = None, channel: bool = False, port: Callable[[], int] | None = None) -> None:
         self.config = config
         self.role = role
         self.seat = seat
+        self._reserved_port = port
         self.writes = role is not Role.WORKER
         self.metrics = metrics or Metrics()
         self.store: Store | ReadPool | None = None
@@ -153,17 +166,23 @@ class Node:
                 closed again).
             NodeKeyError: the node key cannot be created or read while peers are configured (nothing opened).
             ConfigError: a `[[policies]]` module cannot be loaded (the store is closed again).
+        Whatever fails, what had opened is closed again (the port, the store's threads), so the process can exit.
         """
-        config = self.config
-        if config.sync.peers and self.writes:  # the key peers' AUTH needs, checked before anything opens or listens
-            node_key(config)
+        if self.config.sync.peers and self.writes:  # the key peers' AUTH needs, before anything opens or listens
+            node_key(self.config)
         await self._open_store()
         try:
-            self.moderation = await Moderation.open(self.store, config, runs_purges=self.writes, writer=self.forward)
-            self.ingest = Ingest.from_config(config, self.store, self._ephemeral, self.moderation, self.forward)
-        except ConfigError:  # a [[policies]] module that cannot be loaded: release the store's threads
-            await self.store.close()
+            await self._build()
+        except BaseException:
+            await self._abandon()
             raise
+
+    async def _build(self) -> None:
+        """Every part after the store, in order (see `start`)."""
+        config = self.config
+        self.moderation = await Moderation.open(self.store, config, runs_purges=self.writes, writer=self.forward)
+        self.ingest = Ingest.from_config(config, self.store, self._ephemeral if self.writes else None,
+                                         self.moderation, self.forward)  # (a worker's come back from the writer)
         if self.writes:
             self.records = RecordApi.from_config(config, self.store, self.ingest)  # get, query, put, delete rows
         if self.role is not Role.WRITER:
@@ -171,8 +190,9 @@ class Node:
         if self._serves_commands:  # command-line writes, and a writer's workers, reach this writer
             self.channel = ChannelServer(socket_path(config.store.path), self.ingest)
             await self.channel.start()
-        self._start_background()
-        self.metrics.watch(self.store, self.server, _projector_hook(self.store) if self.writes else None)
+        projectors = _projector_hook(self.store) if self.writes else None
+        self._start_background(projectors)
+        self.metrics.watch(self.store, self.server, projectors)
         self.metrics.watch_policies(self.ingest.policies)
         if self.writes:
             self.sync = await start_sync(config, self.store, self.ingest)
@@ -188,8 +208,7 @@ class Node:
             self.store = await open_store(config, background_builds=True, on_batch=self.metrics.writer_batch)
             self.store.add_listener(self._on_commit)
             return
-        self.store = await ReadPool.open(config.store.path, config.store.options(None, config.server.public_url),
-                                         hooks(config))  # (their indexes are read here: NIP-77, NIP-50)
+        self.store = await open_read_pool(config)
         self.forward = WriterChannel(socket_path(config.store.path), config.store.writer_queue_size,
                                      self._wake_follower, self._fan_out_ephemeral, self._reload_moderation)
         try:
@@ -199,7 +218,7 @@ class Node:
             raise
 
     async def _listen(self) -> None:
-        """Build the server and listen; what opened is closed again if it cannot (then OSError)."""
+        """Build the server and listen (OSError: it cannot)."""
         config, seat = self.config, self.seat
         worker = {}
         if seat is not None:
@@ -210,14 +229,9 @@ class Node:
         if self.forward is not None:  # the feed's head, before any subscription can exist here
             self._follower = FeedFollower(self.store, self.server.fanout, self.server.subscriptions.empty)
             await self._follower.start()
-        try:
-            await self.server.listen(reuseport_socket(config.server.host, seat.port) if seat is not None else None)
-        except OSError:
-            # e.g. the port is taken: release the store's threads, or the process cannot exit.
-            await self._close_parts()
-            raise
+        await self.server.listen(reuseport_socket(config.server.host, seat.port) if seat is not None else None)
 
-    def _start_background(self) -> None:
+    def _start_background(self, projectors: ProjectorHook | None) -> None:
         """The moderation refresh, memory trim and (multiprocess metrics) the metrics refresh; in a worker, the
         reader of its channel; in a writer, the expiry purge, retention, this node's coverage claims (with
         `[[shards]]`) and the background builds of new or changed projectors."""
@@ -234,13 +248,13 @@ class Node:
             if is_configured(config):
                 tasks.append(asyncio.create_task(retention_forever(store, config), name="retention"))
             if shards_of(config):
-                port = self.server.port if self.server is not None else config.server.port
+                port = self.server.port if self.server is not None else \
+                    self._reserved_port() if self._reserved_port is not None else config.server.port
                 self.shards = ShardKeeper(config, store, self.ingest, lambda: self.records.node_key,
                                           config.server.public_url or f"ws://{config.server.host}:{port}",
                                           protection(config))
                 self.metrics.watch_shards(self.shards)
                 tasks.append(asyncio.create_task(self.shards.run(), name="shards"))
-            projectors = _projector_hook(store)
             if projectors is not None and projectors.builds:  # new or changed projectors, built while serving
                 tasks.append(asyncio.create_task(build_in_background(store, projectors.builds),
                                                  name="projector-builds"))
@@ -289,6 +303,16 @@ class Node:
         await self._close_parts()
         if self.writes:
             log.info("relay_stopped")
+
+    async def _abandon(self) -> None:
+        """A start that failed part way: stop what started, at once (no connection to drain yet)."""
+        for task in self._background:
+            task.cancel()
+        if self.sync is not None:
+            await self.sync.stop()
+        if self.server is not None:
+            await self.server.close(asyncio.get_running_loop().time())
+        await self._close_parts()
 
     async def _close_parts(self) -> None:
         """Close what `start` opened after the server: the channels, moderation, the store, ingest's pool."""
@@ -434,7 +458,6 @@ async def start_or_exit_code(node: Node) -> int | None:
         return listen_failed(config, exc)
     except NodeKeyError as exc:  # peers configured, but no key to answer their AUTH with: as a bad config
         log.error("node_key_unavailable", error=str(exc))
-        await node.stop()
         return 2
     return None
 

@@ -21,7 +21,7 @@ import structlog
 
 from relay.config import Config, shards_of
 from relay.protocol.claims import FLEET_WIDE_FILTER
-from relay.protocol.filters import parse_filter
+from relay.protocol.filters import Filter, parse_filter
 from relay.store.retention import Protection, Scan, count_events, evict_step
 from relay.store.store import Store
 
@@ -65,8 +65,13 @@ def _keeping_shards(config: Config) -> Protection:
     guard, shards = protection(config), shards_of(config)
     if not shards:
         return guard
-    return replace(guard, filters=guard.filters + (FLEET_WIDE_FILTER,) +
-                   tuple(parse_filter(json.loads(s.filter)) for s in shards))
+    kinds, filters = set(guard.kinds), list(guard.filters)
+    for f in [FLEET_WIDE_FILTER] + [parse_filter(json.loads(s.filter)) for s in shards]:
+        if f.kinds is not None and f.authors is None and not f.tags:
+            kinds |= f.kinds  # (kept by kind: a scan of such a kind is skipped, its rows never read)
+        else:
+            filters.append(f)
+    return replace(guard, kinds=frozenset(kinds), filters=tuple(filters))
 
 
 async def run_retention(store: Store, config: Config, now: int | None = None) -> RetentionReport:
@@ -76,6 +81,8 @@ async def run_retention(store: Store, config: Config, now: int | None = None) ->
     now = int(time.time()) if now is None else now
     guard = _keeping_shards(config)
     report = RetentionReport()
+    if any(f == Filter() for f in guard.filters):  # a shard of every event (an archive): the guard removes, not this
+        return report
     unbounded = 1 << 62
     for rule in settings.rules:
         before = now - int(rule.max_age_days * _DAY_SECONDS)

@@ -82,10 +82,11 @@ def status_of(conn: sqlite3.Connection, config: Config) -> dict:
         status["processes"] = processes
     if failing := read_failing(runtime):
         status["failing"] = failing
-    if shards := shard_states(conn, config):
+    held_back = read_guard_state(runtime)  # the running relay's last guard round, by shard id
+    if shards := shard_states(conn, config, held_back=held_back):
         status["shards"] = shards
         # events outside every held shard (published here, or handed over) the guard kept for want of copies
-        status["foreign_held_back"] = read_guard_state(runtime).get(FOREIGN, 0)
+        status["foreign_held_back"] = held_back.get(FOREIGN, 0)
     return status
 
 

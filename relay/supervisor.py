@@ -178,7 +178,7 @@ class Processes:
     def __init__(self, config: Config, count: int, metrics_dir: Path | None = None) -> None:
         self.config = config
         self.count = count
-        self.node = Node(config, Role.WRITER, Metrics(metrics_dir, writer=True))
+        self.node = Node(config, Role.WRITER, Metrics(metrics_dir, writer=True), port=lambda: self.port)
         self.port = 0
         self._reserved: socket.socket | None = None
         self._pool: WorkerPool | None = None

@@ -127,7 +127,7 @@ class ChannelServer:
         outcomes = frames.ItemFrames("outcomes", partial(self._write, out))
         try:
             while True:
-                await self.ingest.store.wait_for_room()  # back-pressure: a full writer stops this worker's submits
+                await self.ingest.wait_for_room()  # back-pressure: a full writer stops this worker's submits
                 frame = await frames.read_frame(reader)
                 if frame is None:
                     break

@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from relay.channel.frames import socket_path
 from relay.channel.worker import WriterChannel
 from relay.config import Config
-from relay.hooks import hooks
 from relay.ingest import Ingest
 from relay.ingest.moderation import Moderation
 from relay.locks import is_served
-from relay.assembly import open_store
+from relay.assembly import open_read_pool, open_store
 from relay.store.bulk import defer_indexes, restore_indexes
 from relay.store.location import DatabaseUnusable
 from relay.store.reads import ReadPool
@@ -119,8 +118,7 @@ async def open_write_path(config: Config, read_connections: int, bulk: bool = Fa
                                        f"starting, try again, else restart it") from None
             await asyncio.sleep(_CHANNEL_RETRY_SECONDS)
             waited += _CHANNEL_RETRY_SECONDS
-    store = await ReadPool.open(config.store.path, config.store.options(read_connections, config.server.public_url),
-                                hooks(config))  # (sync reads the NIP-77 index)
+    store = await open_read_pool(config, read_connections)  # (sync reads the NIP-77 index)
     return WritePath(store, channel, asyncio.create_task(channel.run()))
 
 

@@ -25,7 +25,7 @@ import asyncio
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Protocol
 
@@ -101,6 +101,8 @@ class Ingest:
         self.writer: Forward | Store = forward or store
         # The last stage, after NIP-70: the policies and the writer queue here (`take_verified`), or the channel.
         self.sink: Callable[[Event, Source, Done], None] = self.take_verified if forward is None else forward.submit
+        # What callers await before they submit (back-pressure): the writer queue's room, or the channel's.
+        self.wait_for_room: Callable[[], Awaitable[None]] = self.writer.wait_for_room
         self._recording: asyncio.Task | None = None
 
     @classmethod
@@ -118,11 +120,6 @@ class Ingest:
         return cls(store, config.limits.event_limits(), rules.KindRules.of(auth.allow_kinds, auth.deny_kinds),
                    config.store.verify_threads, live, moderation=moderation, policies=Policies.load(config.policies),
                    nip70_peers=frozenset(p.url for p in config.sync.peers if p.nip70_events), forward=forward)
-
-    async def wait_for_room(self) -> None:
-        """Wait while the writer's queue (or the channel's, `forward`) is full: the back-pressure callers await
-        before they submit."""
-        await self.writer.wait_for_room()
 
     def submit(self, obj: object, source: Source, done: Done, screen: Screen | None = None) -> Event | None:
         """Take one event from `source`; `done(outcome)` runs on the loop once it is settled.

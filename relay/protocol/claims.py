@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from functools import cache
 from dataclasses import dataclass
 
 from relay.protocol.filters import Filter
@@ -58,6 +59,7 @@ class Claim:
         return self.status == COMPLETE and self.since <= created_at <= self.until
 
 
+@cache
 def filter_covers(outer_json: str, inner_json: str) -> bool:
     """Whether every event the shard filter `inner_json` matches is matched by `outer_json` too (both filters of
     kinds, authors and `#x` tags, as JSON objects; each field narrows, its values widen): each field of the

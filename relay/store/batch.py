@@ -88,8 +88,9 @@ def addresses_deleted_by(event: Event, pubkey: bytes) -> list[Coordinate]:
     return found
 
 
-def _is_newer(created_at: int, id_: bytes, than: tuple[int, bytes]) -> bool:
-    # NIP-01: the newest created_at wins; on a tie the lowest id wins.
+def is_newer(created_at: int, id_: bytes, than: tuple[int, bytes]) -> bool:
+    """Whether a version (`created_at`, 32-byte `id_`) of a coordinate replaces `than` (created_at, id): NIP-01,
+    the newest created_at wins; on a tie the lowest id wins."""
     return created_at > than[0] or (created_at == than[0] and id_ < than[1])
 
 
@@ -182,7 +183,7 @@ class BatchPlan:
         if mark is not None:
             if mark[1] == idb:
                 return DELETED if tombstoned else DUPLICATE
-            if not _is_newer(created_at, idb, mark):
+            if not is_newer(created_at, idb, mark):
                 return NEWER_VERSION
         self._remove(self.state.live.pop(coordinate, None), feed.SUPERSEDED)
         self.state.marks[coordinate] = (created_at, idb)

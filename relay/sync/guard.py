@@ -25,6 +25,7 @@ on; events without enough confirmed copies are held back (counted in the report)
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections import defaultdict
@@ -40,7 +41,7 @@ from relay.protocol.event import Event, EventLimits, is_addressable, is_replacea
 from relay.protocol.filters import Filter, parse_filter
 from relay.protocol.rejection import Rejection
 from relay.store import db
-from relay.store.batch import Row
+from relay.store.batch import Row, is_newer
 from relay.store.projectors.rows import stored_event
 from relay.store.retention import START, Protection, Scan, evict_ids, forget_evictions, scan_rows
 from relay.store.store import Store
@@ -160,6 +161,7 @@ class Guard:
         self.declared_kinds = {k for f in whole if f.kinds is not None for k in f.kinds}
         self._cursors: dict[tuple[str, int | None], tuple[int, bytes]] = {}  # where each scan goes on next round
         self._withdrawn: list[Filter] = []  # the filters of shards withdrawn whose cut has not matured
+        self._connections: dict[str, PeerConnection | None] = {}  # a round's, by URL (None: it failed this round)
 
     def matured(self, cut: Cut, now: int) -> bool:
         """Whether every claim this node published before `cut` has expired everywhere at `now`."""
@@ -232,16 +234,22 @@ class Guard:
         declared = {shard.id for shard in self.shards}
         self._withdrawn = [claim_filter(c.filter) for i, c in cuts.items() if i not in declared
                            and (not c.leaving or not self.matured(c, now)) and claim_filter(c.filter) is not None]
-        for shard in self.shards:
-            cut = cuts.get(shard.id)
-            if cut is not None and self.matured(cut, now):
-                for kind in _kinds(shard.filter):
-                    scan = Scan(kind, None if cut.leaving else cut.claimed_since)
-                    await self._remove(shard, cut, scan, hints, now, batch, max_batches, report)
-        if self.shards and not self.everything_declared:  # foreign events: of other nodes' shards, in none of ours
-            kinds = {k for c in hints for k in _kinds(c.filter)} - self.declared_kinds
-            for kind in [None] if None in kinds else sorted(kinds):
-                await self._remove(None, None, Scan(kind, None), hints, now, batch, max_batches, report)
+        try:
+            for shard in self.shards:
+                cut = cuts.get(shard.id)
+                if cut is not None and self.matured(cut, now):
+                    for kind in _kinds(shard.filter):
+                        scan = Scan(kind, None if cut.leaving else cut.claimed_since)
+                        await self._remove(shard, cut, scan, hints, now, batch, max_batches, report)
+            if self.shards and not self.everything_declared:  # foreign events: other nodes' shards, none of ours
+                kinds = {k for c in hints for k in _kinds(c.filter)} - self.declared_kinds
+                for kind in [None] if None in kinds else sorted(kinds):
+                    await self._remove(None, None, Scan(kind, None), hints, now, batch, max_batches, report)
+        finally:
+            connections, self._connections = self._connections, {}
+            for conn in connections.values():
+                if conn is not None:
+                    await conn.close()
         return report
 
     async def _remove(self, shard: ShardConfig | None, cut: Cut | None, scan: Scan, hints: list[Claim], now: int,
@@ -305,11 +313,7 @@ class Guard:
         unauthenticated answer), the REQ waits for our AUTH to be accepted first, up to AUTH_WAIT_SECONDS;
         without it those are not confirmed (kept here)."""
         s = self.config.sync
-        try:
-            conn = await PeerConnection.open(url, self.key, s.connect_timeout_seconds, s.timeout_seconds,
-                                             self.config.limits.max_message_bytes * 4)
-        except PeerError as exc:
-            log.warning("shard_confirmation_failed", url=url, error=str(exc))
+        if (conn := await self._connection(url)) is None:
             return set()
         ids = [row.id.hex() for row in rows]
         try:
@@ -319,20 +323,38 @@ class Guard:
                             hint="events of private kinds are confirmed only by a node that accepts our NIP-42 AUTH")
             found = set()
             for start in range(0, len(ids), s.fetch_batch):
-                found |= {e.id for e in _checked(await conn.fetch(ids[start:start + s.fetch_batch]))}
+                found |= {e.id for e in await _checked(await conn.fetch(ids[start:start + s.fetch_batch]))}
             versioned = [r for r in rows
                          if r.id.hex() not in found and (is_replaceable(r.kind) or is_addressable(r.kind))]
             return (found & set(ids)) | await _superseded(conn, versioned)
         except PeerError as exc:
             log.warning("shard_confirmation_failed", url=url, error=str(exc))
-            return set()
-        finally:
+            self._connections[url] = None  # (asked no more this round)
             await conn.close()
+            return set()
+
+    async def _connection(self, url: str) -> PeerConnection | None:
+        """The round's connection to the node at `url`, opened at its first use; None when it cannot be reached
+        (logged once a round)."""
+        if url not in self._connections:
+            s = self.config.sync
+            try:
+                self._connections[url] = await PeerConnection.open(url, self.key, s.connect_timeout_seconds,
+                                                                   s.timeout_seconds,
+                                                                   self.config.limits.max_message_bytes * 4)
+            except PeerError as exc:
+                log.warning("shard_confirmation_failed", url=url, error=str(exc))
+                self._connections[url] = None
+        return self._connections[url]
 
 
-def _checked(objs: list[object]) -> list[Event]:
+async def _checked(objs: list[object]) -> list[Event]:
     """The events among `objs` (a peer's answer) that parse and whose id and signature are right: a copy is a
-    copy only if it is the event."""
+    copy only if it is the event.  Checked on a thread: the writer's loop goes on meanwhile."""
+    return await asyncio.to_thread(_valid, objs)
+
+
+def _valid(objs: list[object]) -> list[Event]:
     events = []
     for obj in objs:
         try:
@@ -356,15 +378,11 @@ async def _superseded(conn: PeerConnection, rows: list[Row]) -> set[str]:
         filter_obj: dict = {"kinds": [kind], "authors": sorted({r.pubkey.hex() for r in group})}
         if is_addressable(kind):
             filter_obj["#d"] = sorted({_d_tag(r) for r in group})
-        newest = {}
-        for event in _checked(await conn.query(filter_obj, f"REQ of the newest versions of {len(group)} events")):
-            coordinate = (event.pubkey, event.d_tag if is_addressable(kind) else None)
-            if coordinate not in newest or (event.created_at, _neg(event.id)) > (newest[coordinate].created_at,
-                                                                                   _neg(newest[coordinate].id)):
-                newest[coordinate] = event
+        held = {(e.pubkey, e.d_tag if is_addressable(kind) else None): e
+                for e in await _checked(await conn.query(filter_obj, f"REQ of the versions of {len(group)} events"))}
         for row in group:
-            event = newest.get((row.pubkey.hex(), _d_tag(row) if is_addressable(kind) else None))
-            if event is not None and (event.created_at, _neg(event.id)) > (row.created_at, _neg(row.id.hex())):
+            event = held.get((row.pubkey.hex(), _d_tag(row) if is_addressable(kind) else None))
+            if event is not None and is_newer(event.created_at, bytes.fromhex(event.id), (row.created_at, row.id)):
                 superseded.add(row.id.hex())
     return superseded
 
@@ -373,11 +391,6 @@ def _d_tag(row: Row) -> str:
     """The `d` tag of an addressable event's row ("" when it has none; a read connection gives TEXT as bytes)."""
     d_tag = row.d_tag or ""
     return d_tag.decode() if isinstance(d_tag, bytes) else d_tag
-
-
-def _neg(event_id: str) -> tuple[int, ...]:
-    """An order key in which a lower id is later: NIP-01 keeps, of two versions with one created_at, the lower id."""
-    return tuple(-b for b in bytes.fromhex(event_id))
 
 
 def _kinds(filter_json: str) -> list[int | None]:

@@ -339,16 +339,11 @@ class PeerConnection:
         has our answer's OK in a round trip; one that never challenges (or with no node key, or our AUTH
         refused) gives False, after `seconds` at most.  For a request whose answer depends on who asks (a REQ
         for events of private kinds, which a relay filters out of an unauthenticated answer without a word)."""
-        deadline = self._loop.time() + seconds
-        while not self._authed and self.key is not None and self._auth_refusal is None:
-            left = deadline - self._loop.time()
-            if left <= 0 or self._failed.done():
-                return False
-            try:
-                await asyncio.wait_for(self._auth_changed.wait(), left)
-            except TimeoutError:
-                return False
-        return self._authed
+        try:
+            await asyncio.wait_for(self._await_auth("", "a REQ for events of private kinds"), seconds)
+        except (PeerError, TimeoutError):
+            return False
+        return True
 
     async def _await_auth(self, refusal: str, what: str) -> None:
         """After `refusal` ("auth-required: ..."): wait until the peer accepts our AUTH.

@@ -246,9 +246,8 @@ class PeerSync:
             if self.scope is not None:
                 log.info("sync_by_shard", peer=self.url, shards=list(self.scope.shards),
                          sessions=[(x.filter, x.direction) for x in self.scope.sessions])
-            if self.down:
-                for filter_obj in self._live_filters():
-                    await conn.subscribe({**filter_obj, "limit": 0}, self._on_live_event)
+            if self.down and self.scope is None:  # (a fleet node pushes what it commits: see the module)
+                await conn.subscribe({**self.filter_obj, "limit": 0}, self._on_live_event)
                 helpers.append(asyncio.create_task(self._store_live(), name=f"sync-in {self.url}"))
             reconcile = True
             if self.up:
@@ -275,17 +274,12 @@ class PeerSync:
         """The peer's shards as its stored claims say (scope.py), or None: a full replica."""
         return peer_scope(self.scheduler.config, self.peer, await self.scheduler.store.read_snapshot(read_claims))
 
-    def _live_filters(self) -> list[dict]:
-        """The filters of the live REQs: the entry's filter; none with a fleet node (it pushes)."""
-        if self.scope is None:
-            return [self.filter_obj]
-        return []  # a fleet node pushes what it commits (see the module)
-
-    def _matches(self, event: Event, direction: str) -> bool:
-        """Whether `event` is synced with the peer `direction` ("down", "up")."""
-        if self.scope is None:
-            return not self.filter_obj or self.filter.matches(event)
-        return any(f.matches(event) for f in self.scope.filters(direction))
+    def _pushed(self) -> list[Filter] | None:
+        """The filters of what is pushed to the peer: its shards' with a scope, else the entry's; None: every
+        event (then no event needs parsing)."""
+        if self.scope is not None:
+            return self.scope.filters("up")
+        return [self.filter] if self.filter_obj else None
 
     async def _reconcile(self, conn: PeerConnection) -> None:
         """One reconciliation (session.py), one NIP-77 session per shard with a peer that holds shards;
@@ -357,7 +351,7 @@ class PeerSync:
     async def _store_live(self) -> None:
         """Validate and store the events of the live REQ, in batches as they come."""
         def in_filter(event: Event) -> None:
-            if not self._matches(event, "down"):
+            if not self.filter.matches(event):
                 raise invalid("event outside the sync filter")
 
         while True:
@@ -417,8 +411,9 @@ class PeerSync:
         """
         unsaved = False  # the cursor moved past changes with nothing to push: saved once, at the end
         while changes := await self.scheduler.store.changes(cursor, self.config.push_in_flight):
+            pushed = self._pushed()
             events = [(c.id, c.raw) for c in changes if c.raw is not None and c.origin != self.url
-                      and self._matches(stored_event(c.raw), "up")]
+                      and (pushed is None or _matches_any(pushed, stored_event(c.raw)))]
             cursor = changes[-1].cursor
             unsaved = not events
             if events:
@@ -445,6 +440,10 @@ class PeerSync:
                 await asyncio.wait_for(self.committed.wait(), PUSH_POLL_SECONDS)
             except TimeoutError:
                 pass
+
+
+def _matches_any(filters: list[Filter], event: Event) -> bool:
+    return any(f.matches(event) for f in filters)
 
 
 async def start_sync(config: Config, store: Store, ingest: Ingest) -> Scheduler | None:

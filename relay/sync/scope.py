@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from relay.config import Config, PeerConfig, fleet_pubkeys, shards_of
 from relay.protocol.claims import FLEET_WIDE_FILTER_JSON, LEAVING, Claim
-from relay.protocol.filters import Filter, parse_filter
+from relay.protocol.filters import Filter
 from relay.sync.guard import claim_filter
 
 
@@ -49,7 +49,7 @@ class Scope:
 
     def filters(self, direction: str) -> list[Filter]:
         """The filters of the sessions that go `direction` ("down" or "up"), a "both" session in each."""
-        return [parse_filter(s.filter_obj) for s in self.sessions if s.direction in (direction, "both")]
+        return [claim_filter(s.filter) for s in self.sessions if s.direction in (direction, "both")]
 
 
 def _direction(wanted: str, allowed: str) -> str | None:

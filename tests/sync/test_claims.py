@@ -13,6 +13,7 @@ from structlog.testing import capture_logs
 from relay.keys import NodeKey
 from relay.config import fleet_pubkeys
 from relay.protocol.claims import CLAIM_KIND, Claim, claim_tags, filter_covers, parse_claim
+from relay.supervisor import Processes
 from relay.sync.claims import copies, plan, publish_claims
 from tests.conftest import make_config
 from tests.helpers import Client, Keys, eventually
@@ -209,6 +210,19 @@ async def test_a_peer_listed_without_pubkey_beside_shards_is_warned_of(tmp_path)
 
 async def _logged(logs: list[dict], event: str) -> bool:
     return any(e["event"] == event for e in logs)
+
+
+async def test_the_writer_of_workers_claims_with_the_port_its_workers_share(tmp_path):
+    """With worker processes on port 0 (no `public_url`), the claims name the port the kernel gave the workers,
+    not port 0."""
+    processes = Processes(make_config(tmp_path, SHARDS), 1)
+    assert await processes.start() is None
+    try:
+        assert processes.port != 0
+        assert await eventually(lambda: _claims(processes.url))
+        assert _claim((await _claims(processes.url))["notes"]).url == processes.url
+    finally:
+        await processes.stop()
 
 
 _CLAIM_AGE = r'relay_shard_claim_age_seconds\{shard="notes"\} (-?[0-9.]+)'
