@@ -17,6 +17,7 @@ import errno
 import os
 import sqlite3
 import sys
+import time
 from pathlib import Path
 
 from relay.config import DEFAULT_DB_PATH, Config
@@ -27,6 +28,11 @@ from relay.store.location import SIDE_FILES, DatabaseUnusable, os_reason, requir
 
 EXIT_USAGE = 2  # a path or argument the person who ran the command must fix
 SERVED_DATABASE_HINT = "give the database the relay serves with --db or --config"
+
+
+def utc_time(seconds: int, none: str = "") -> str:
+    """Unix `seconds` as ISO 8601 UTC (`2024-05-01T12:00:00Z`), as the commands print times; 0 as `none`."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds)) if seconds else none
 
 
 def path_error(command: str, exc: OSError) -> int:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import ipaddress
 import json
 import sys
-import time
 
+from relay.commands import utc_time
 from relay.commands.through import WritePath, open_write_path
 from relay.config import Config
 from relay.ingest.moderation import Moderation, Refused, admin_ban_refusal
@@ -165,7 +165,7 @@ async def run_bans(config: Config, as_json: bool) -> int:
         for row in rows:
             item = next(iter(row.values()))  # each list's first field: pubkey, id, ip or kind
             print("\t".join([what[:-1], str(item),
-                             row.get("rule") or _RULES[what], row["reason"], _iso(row["at"]),
+                             row.get("rule") or _RULES[what], row["reason"], utc_time(row["at"]),
                              {True: "yes", False: "no"}.get(row.get("purging"), "")]))
     return 0
 
@@ -174,6 +174,3 @@ _COLUMNS = ("what", "item", "rule", "reason", "at", "purging")
 _RULES = {"pubkeys": "ban", "events": "ban", "ips": "block"}
 
 
-def _iso(at: int) -> str:
-    """Unix seconds as ISO 8601 UTC (`2024-05-01T12:00:00Z`); 0 (a rule of the configuration) as ""."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)) if at else ""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from relay.commands import SERVED_DATABASE_HINT, open_readonly
+from relay.commands import SERVED_DATABASE_HINT, open_readonly, utc_time
 from relay.commands.search import check_search, print_search_check
 from relay.config import Config
 from relay.hooks import negentropy_hook
@@ -172,7 +172,7 @@ def run_projectors_refusals(config: Config, projector: str | None, limit: int, a
     if not rows and not as_json:  # an empty answer would look like a failed command
         print("none" if projector is None else f"none for {projector}")
     for at, name, event_id, reason in rows:
-        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+        when = utc_time(at)
         if as_json:
             sys.stdout.buffer.write(orjson.dumps({"at": at, "projector": name, "event_id": event_id,
                                                   "reason": reason}) + b"\n")

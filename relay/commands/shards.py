@@ -6,7 +6,7 @@ import json
 import time
 from contextlib import closing
 
-from relay.commands import open_readonly
+from relay.commands import open_readonly, utc_time
 from relay.config import Config, fleet_pubkeys
 from relay.status import duration
 from relay.sync.claims import claim_dict, read_claims, read_instance
@@ -38,11 +38,9 @@ def run_shards(config: Config, as_json: bool) -> int:
     print("\t".join(HEADER))
     for r in rows:
         node = "this node" if r["this_node"] else r["pubkey"]
-        print("\t".join((r["shard"], r["status"], _utc(r["since"]), _utc(r["until"]),
+        print("\t".join((r["shard"], r["status"], utc_time(r["since"], "-"), utc_time(r["until"], "-"),
                          duration(r["age_seconds"]), duration(r["expires_in_seconds"]), node,
                          "yes" if r["counted"] else "no", r["url"])))
     return 0
 
 
-def _utc(seconds: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds)) if seconds else "-"

@@ -43,7 +43,7 @@ from relay.protocol.rejection import Rejection
 from relay.store import db
 from relay.store.batch import Row, is_newer
 from relay.store.projectors.rows import stored_event
-from relay.store.retention import START, Protection, Scan, evict_ids, forget_evictions, scan_rows
+from relay.store.retention import START, Protection, Scan, count_events, evict_ids, forget_evictions, scan_rows
 from relay.store.store import Store
 from relay.store.writes import Changes
 from relay.sync.peer import PeerConnection, PeerError
@@ -126,7 +126,7 @@ class GuardReport:
 def count_cutoff(conn, max_events: int) -> int:
     """The created_at before which events of any kind go for at most `max_events` to stay (0: none), oldest
     first as `[retention] max_events` removes them (read job)."""
-    excess = conn.execute("SELECT count(*) FROM events").fetchone()[0] - max_events
+    excess = count_events(conn) - max_events
     if excess <= 0:
         return 0
     row = conn.execute("SELECT created_at FROM events ORDER BY created_at, id DESC LIMIT 1 OFFSET ?",
